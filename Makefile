@@ -1,0 +1,33 @@
+# One-word tasks. `make demo` and `make test` each set up the virtual environment first.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test test-all bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+# The main job on a generated model: load it, run it on the CPU, compare with onnxruntime.
+demo: $(STAMP)
+	$(BIN)/python -m tilefold.bench.models mlp --out build/mlp.onnx
+	$(BIN)/tilefold inspect build/mlp.onnx
+	$(BIN)/tilefold run build/mlp.onnx --compare onnxruntime
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n 2 -q
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -n 2 -q -m ''
+
+bench: $(STAMP)
+	$(BIN)/python -m tilefold.bench.cpu_models
+
+clean:
+	rm -rf $(VENV) build

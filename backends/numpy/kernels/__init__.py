@@ -1,0 +1,1 @@
+"""NumPy kernels, one module per op family; importing this package registers them."""

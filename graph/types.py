@@ -1,0 +1,121 @@
+"""Plain data of the IR: tensor types, splat constants, values.
+
+graph/ depends on numpy and networkx only; encodings are defined by layout/ and
+reach the IR through the small `Encoding` protocol below.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import numpy as np
+
+Dim = int | str
+"""A dimension: a static size, or the name of a symbolic (dynamic) size."""
+
+
+@runtime_checkable
+class Encoding(Protocol):
+    """What the IR needs of a (packed) layout encoding; layout/ implements it."""
+
+    def physical_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]: ...
+
+    def validate(self, shape: tuple[Dim, ...]) -> None: ...
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """Logical shape, element type and physical encoding (None = identity, row-major)."""
+
+    shape: tuple[Dim, ...]
+    dtype: np.dtype
+    encoding: Any = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", np.dtype(self.dtype))
+        object.__setattr__(self, "shape", tuple(self.shape))
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def is_static(self) -> bool:
+        return all(isinstance(d, int) for d in self.shape)
+
+    def numel(self) -> int | None:
+        """Number of logical elements, or None when a dim is symbolic."""
+        return int(np.prod(self.shape, dtype=np.int64)) if self.is_static else None
+
+    def nbytes(self) -> int | None:
+        """Bytes of the buffer holding this tensor, padding of its encoding included."""
+        if not self.is_static:
+            return None
+        shape = self.shape if self.encoding is None else self.encoding.physical_shape(self.shape)
+        return int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def with_shape(self, shape: tuple[Dim, ...]) -> TensorType:
+        return TensorType(tuple(shape), self.dtype, self.encoding)
+
+    def __str__(self) -> str:
+        dims = "x".join(str(d) for d in self.shape)
+        enc = "" if self.encoding is None else f" {self.encoding}"
+        return f"{self.dtype.name}[{dims}]{enc}"
+
+
+@dataclass(frozen=True)
+class Splat:
+    """A constant whose every element is `value`: kept as one scalar, never materialized."""
+
+    value: Any
+    shape: tuple[int, ...]
+    dtype: np.dtype = field(default=np.dtype(np.float32))
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", np.dtype(self.dtype))
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        object.__setattr__(self, "value", np.dtype(self.dtype).type(self.value).item())
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.dtype.itemsize
+
+    def to_array(self) -> np.ndarray:
+        """A read-only broadcast view: one element of memory whatever the shape."""
+        return np.broadcast_to(np.array(self.value, dtype=self.dtype), self.shape)
+
+    def reshape(self, shape: tuple[int, ...]) -> Splat:
+        return Splat(self.value, shape, self.dtype)
+
+    def astype(self, dtype: np.dtype) -> Splat:
+        return Splat(np.array(self.value).astype(dtype).item(), self.shape, dtype)
+
+
+ConstValue = np.ndarray | Splat
+
+
+def type_of_constant(value: ConstValue) -> TensorType:
+    return TensorType(tuple(int(d) for d in value.shape), value.dtype)
+
+
+def freeze(array: np.ndarray) -> np.ndarray:
+    """A read-only array for a constant: kernels must never write into constants."""
+    array = np.asarray(array)
+    if array.flags.writeable:
+        array = array.view()
+        array.flags.writeable = False
+    return array
+
+
+class Value(NamedTuple):
+    """One output slot of one node: the unit that edges carry."""
+
+    node: str
+    slot: int = 0
+
+    def __str__(self) -> str:
+        return self.node if self.slot == 0 else f"{self.node}:{self.slot}"
