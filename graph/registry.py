@@ -26,10 +26,16 @@ anchor: chooses a layout (matmul, conv); opaque: layout stops here.
 
 `splat` says how the op acts on splat constants, so folding keeps them unmaterialized:
 "elementwise" (the result is a splat of f(values)), "movement" (the value passes through
-unchanged into the inferred result shape: reshape, transpose, expand, slice)."""
+unchanged into the inferred result shape: reshape, transpose, expand, slice).
+`static_value(attrs, types)` gives the result when input types alone decide it (Shape,
+Size on static shapes), else None. `forwards = i`: result 0 is input i unchanged
+(Identity, inference Dropout), so simplification may bypass the node."""
 
 InferFn = Callable[[dict[str, Any], list[TensorType | None], list[ConstValue | None]], list[TensorType]]
-SignatureFn = Callable[[dict[str, Any], list[TensorType | None], list[TensorType]], Signature | None]
+SignatureFn = Callable[
+    [dict[str, Any], list[TensorType | None], list[TensorType], list[ConstValue | None]], Signature | None
+]
+"""(attrs, input types, output types, constant inputs) -> signature, or None (opaque)."""
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,8 @@ class OpDef:
     max_inputs: int | None = 1  # None = variadic
     defaults: dict[str, Any] = field(default_factory=dict)
     splat: Literal["elementwise", "movement"] | None = None
+    static_value: Callable[[dict[str, Any], list[TensorType | None]], Any] | None = None
+    forwards: int | None = None
     doc: str = ""
 
     def check_arity(self, n: int, node: object) -> None:
@@ -85,7 +93,27 @@ def infer(
     opdef = get(op, node)
     full = {**opdef.defaults, **attrs}
     consts = list(consts) if consts is not None else [None] * len(types)
-    return opdef.infer(full, list(types), consts)
+    try:
+        return opdef.infer(full, list(types), consts)
+    except VerifyError as exc:
+        if node is None:
+            raise
+        raise VerifyError(f"{where(node)}: {exc}") from None
+
+
+def signature(
+    op: str,
+    attrs: dict[str, Any],
+    types: Sequence[TensorType | None],
+    out_types: Sequence[TensorType],
+    consts: Sequence[ConstValue | None] | None = None,
+) -> Signature | None:
+    """The iteration signature of `op` on these operands, or None when it has none."""
+    opdef = get(op)
+    if opdef.signature is None:
+        return None
+    consts = list(consts) if consts is not None else [None] * len(types)
+    return opdef.signature({**opdef.defaults, **attrs}, list(types), list(out_types), consts)
 
 
 def with_defaults(op: str, attrs: dict[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from ..signature import LETTERS, Signature
 from ..types import TensorType, type_of_constant
 
 
-def _identity_signature(attrs, types, outs):
+def _identity_signature(attrs, types, outs, consts=None):
     letters = LETTERS[: outs[0].rank]
     return Signature((tuple(letters),), (tuple(letters),))
 
@@ -18,7 +18,7 @@ register(OpDef("Output", infer=lambda a, t, c: [], min_inputs=1, max_inputs=1,
 register(OpDef("Constant", infer=lambda a, t, c: [type_of_constant(a["value"])],
                min_inputs=0, max_inputs=0, doc="attrs: value (read-only ndarray or Splat)."))
 register(OpDef("Identity", infer=lambda a, t, c: [TensorType(t[0].shape, t[0].dtype)],
-               signature=_identity_signature, layout="agnostic"))
+               signature=_identity_signature, layout="agnostic", splat="movement", forwards=0))
 register(OpDef(
     "OnnxReference",
     infer=lambda a, t, c: list(a["output_types"]),

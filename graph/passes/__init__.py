@@ -1,0 +1,10 @@
+"""Graph -> Graph passes and the pipeline that runs them."""
+from .cse import cse
+from .dce import dce
+from .fold import constant_folding, fold_batchnorm
+from .pipeline import Pass, PassResult, PipelineLog, graph_pass, run_passes, simplify
+
+__all__ = [
+    "Pass", "PassResult", "PipelineLog", "constant_folding", "cse", "dce", "fold_batchnorm",
+    "graph_pass", "run_passes", "simplify",
+]

@@ -1,0 +1,139 @@
+"""Helpers shared by the kernel families: dtype checks, axis and constant handling, and the
+window geometry (padding, output size) of convolutions and pooling."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ....graph.errors import UnsupportedOpError, where
+from ..registry import KernelSpec
+
+NUMERIC_DTYPES = frozenset(np.dtype(t) for t in (
+    np.bool_, np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64,
+    np.float16, np.float32, np.float64,
+))
+"""What NumPy computes natively. bfloat16, float8 and int4 (ml_dtypes types, some of which
+claim kind 'f'), strings and complex numbers are not supported."""
+
+
+def check_dtypes(spec: KernelSpec) -> None:
+    """UnsupportedOpError when an input or output has a dtype NumPy cannot compute with."""
+    for kind, types in (("input", spec.in_types), ("output", spec.out_types)):
+        for index, t in enumerate(types):
+            if t is not None and t.dtype not in NUMERIC_DTYPES:
+                raise UnsupportedOpError(
+                    f"{where(spec.node)}: {kind} {index} has dtype {t.dtype}, "
+                    "which the NumPy backend does not support"
+                )
+
+
+def unsupported(spec: KernelSpec, what: str) -> UnsupportedOpError:
+    return UnsupportedOpError(f"{where(spec.node)}: {what}")
+
+
+def as_array(x: Any) -> np.ndarray:
+    """A ufunc on 0-d inputs returns a NumPy scalar; the executor wants arrays."""
+    return x if type(x) is np.ndarray else np.asarray(x)
+
+
+def view_of_first(x: np.ndarray, *others: Any) -> np.ndarray:
+    """`x`, or a copy of it when it also arrives as another input (Squeeze(v, v)): the result
+    of a views kernel may share memory with input 0 only."""
+    for other in others:
+        if isinstance(other, np.ndarray) and np.may_share_memory(x, other):
+            return x.copy()
+    return x
+
+
+def const_ints(spec: KernelSpec, index: int) -> list[int] | None:
+    """Constant integer input `index` as a list, or None when it is computed at run time."""
+    value = spec.const_array(index)
+    return None if value is None else [int(v) for v in np.asarray(value).reshape(-1)]
+
+
+def input_rank(spec: KernelSpec, index: int = 0) -> int | None:
+    t = spec.in_types[index] if index < len(spec.in_types) else None
+    return None if t is None else t.rank
+
+
+def norm_axes(axes: Sequence[int], rank: int) -> tuple[int, ...]:
+    return tuple(int(a) % rank if rank else 0 for a in axes)
+
+
+@dataclass(frozen=True)
+class Window:
+    """Geometry of a sliding window over the spatial dims of one input shape."""
+
+    pads_begin: tuple[int, ...]
+    pads_end: tuple[int, ...]
+    extra_end: tuple[int, ...]  # padding beyond `pads_end` that ceil_mode needs (pooling)
+    out_shape: tuple[int, ...]
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+
+    @property
+    def effective(self) -> tuple[int, ...]:
+        """Extent of one dilated window."""
+        return tuple((k - 1) * d + 1 for k, d in zip(self.kernel, self.dilations))
+
+    @property
+    def padded(self) -> bool:
+        return any(self.pads_begin) or any(self.pads_end) or any(self.extra_end)
+
+
+def window_geometry(
+    attrs: dict[str, Any], spatial: Sequence[int], kernel: Sequence[int], *, ceil_mode: bool = False
+) -> Window:
+    """Pads and output size of a conv or pool (ONNX auto_pad, pads, strides, dilations, ceil_mode)."""
+    n = len(spatial)
+    strides = tuple(attrs.get("strides") or (1,) * n)
+    dilations = tuple(attrs.get("dilations") or (1,) * n)
+    effective = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    auto_pad = attrs.get("auto_pad", "NOTSET") or "NOTSET"
+    begin, end, extra, out = [0] * n, [0] * n, [0] * n, [0] * n
+    for i in range(n):
+        size, s, e = spatial[i], strides[i], effective[i]
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            out[i] = -(-size // s)
+            total = max(0, (out[i] - 1) * s + e - size)
+            small, large = total // 2, total - total // 2
+            begin[i], end[i] = (small, large) if auto_pad == "SAME_UPPER" else (large, small)
+        elif auto_pad == "VALID":
+            out[i] = max(0, (size - e) // s + 1)
+        else:
+            pads = attrs.get("pads") or (0,) * (2 * n)
+            begin[i], end[i] = int(pads[i]), int(pads[i + n])
+            span = size + begin[i] + end[i] - e
+            if ceil_mode:
+                out[i] = -(-span // s) + 1
+                if (out[i] - 1) * s >= size + begin[i]:  # the last window must start in the input
+                    out[i] -= 1
+            else:
+                out[i] = span // s + 1
+            out[i] = max(out[i], 0)
+            extra[i] = max(0, (out[i] - 1) * s + e - (size + begin[i] + end[i]))
+    return Window(tuple(begin), tuple(end), tuple(extra), tuple(out), tuple(kernel), strides, dilations)
+
+
+def windows(x: np.ndarray, geo: Window, pad_value: Any = 0) -> np.ndarray:
+    """A strided view (N, C, *out, *kernel) of every window of `x` (padded first if needed)."""
+    nd = len(geo.kernel)
+    if geo.padded:
+        widths = [(0, 0)] * (x.ndim - nd) + [
+            (b, e + x_) for b, e, x_ in zip(geo.pads_begin, geo.pads_end, geo.extra_end)
+        ]
+        x = np.pad(x, widths, constant_values=pad_value)
+    spatial_axes = tuple(range(x.ndim - nd, x.ndim))
+    view = np.lib.stride_tricks.sliding_window_view(x, geo.effective, axis=spatial_axes)
+    index = (slice(None),) * (x.ndim - nd)
+    index += tuple(slice(0, max((o - 1) * s + 1, 0), s) for o, s in zip(geo.out_shape, geo.strides))
+    index += tuple(slice(None, None, d) for d in geo.dilations)
+    return view[index]
+
+
+def prod(values: Sequence[int]) -> int:
+    return int(math.prod(values))

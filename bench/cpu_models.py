@@ -1,0 +1,238 @@
+"""CPU benchmark: tilefold's NumPy backend against onnxruntime and eager PyTorch, one process.
+
+ResNet-50 (batch 1, 224x224) and BERT-base (seq 128) from transformers, random weights.
+Every runner gets the same inputs; after a warm-up, the median of N runs is reported with
+the ratios tilefold/onnxruntime and tilefold/eager (above 1: tilefold is slower), the
+GFLOP/s reached (FLOP = 2 x the multiply-adds of Conv/MatMul/Gemm) and tilefold's top ops.
+
+    python -m tilefold.bench.cpu_models [--models resnet50,bert] [--repeat 10] [--graph plain,optimized]
+
+Absolute times drift on shared machines; compare the ratios, measured side by side.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+import tilefold
+from tilefold.backends.numpy import RunStats
+from tilefold.graph import Graph
+from tilefold.graph.graph import Value
+
+from . import models
+
+GraphTransform = Callable[[Graph], Graph]
+MODELS = ("resnet50", "bert")
+
+
+@dataclass
+class Case:
+    """One model: its ONNX file, its inputs and its eager PyTorch twin."""
+
+    name: str
+    path: Path
+    feeds: dict[str, np.ndarray]
+    eager: Callable[[], Any]  # builds the torch module (same weights as the export)
+    torch_call: Callable[[Any, dict[str, Any]], Any]
+
+
+@dataclass
+class Row:
+    model: str
+    runner: str
+    seconds: list[float]
+    flops: float
+    error: float | None = None  # max |out - onnxruntime| / max |onnxruntime|
+    per_op: dict[str, float] = field(default_factory=dict)  # seconds per run, tilefold rows
+
+    @property
+    def ms(self) -> float:
+        return 1e3 * statistics.median(self.seconds)
+
+
+def case(name: str, cache_dir: str | os.PathLike | None = None) -> Case:
+    rng = np.random.default_rng(0)
+    if name == "resnet50":
+        return Case(
+            name, models.resnet50(cache_dir), models.resnet50_inputs(rng), models.resnet50_torch,
+            lambda m, f: m(f[models.RESNET_INPUT]).logits,
+        )
+    if name == "bert":
+        return Case(
+            name, models.bert(cache_dir), models.bert_inputs(rng), models.bert_torch,
+            lambda m, f: m(*(f[k] for k in models.BERT_INPUTS)).last_hidden_state,
+        )
+    raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
+
+
+def graph_variants() -> dict[str, GraphTransform]:
+    """The tilefold graphs to time: the plain one, and the optimized one once it exists."""
+    variants: dict[str, GraphTransform] = {"plain": lambda g: g}
+    optimize = getattr(tilefold, "optimize", None)
+    if optimize is not None:
+        variants["optimized"] = optimize
+    return variants
+
+
+def matmul_flops(graph: Graph) -> float:
+    """2 x multiply-adds of every Conv, MatMul and Gemm, from the graph's static types."""
+    total = 0
+    for node in graph.nodes():
+        if node.op not in ("Conv", "MatMul", "Gemm"):
+            continue
+        ins = [graph.type_of(v) if v is not None else None for v in graph.inputs_of(node.name)]
+        out = node.outputs[0]
+        if not out.is_static or ins[0] is None or ins[1] is None or not ins[1].is_static:
+            continue
+        if node.op == "Conv":
+            k = int(np.prod(ins[1].shape[1:]))  # C/group x kernel
+        elif node.op == "MatMul":
+            k = int(ins[1].shape[-2]) if ins[1].rank >= 2 else int(ins[1].shape[0])
+        else:
+            k = int(ins[1].shape[1] if node.attrs.get("transB", 0) else ins[1].shape[0])
+        total += 2 * int(out.numel()) * k
+    return float(total)
+
+
+def _time(run: Callable[[], Any], warmup: int, repeat: int) -> list[float]:
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _error(out: np.ndarray, ref: np.ndarray) -> float:
+    scale = float(np.abs(ref).max()) or 1.0
+    return float(np.abs(np.asarray(out, dtype=np.float64) - ref).max()) / scale
+
+
+def bench_model(
+    c: Case,
+    *,
+    repeat: int = 10,
+    warmup: int = 2,
+    threads: int = 2,
+    variants: Mapping[str, GraphTransform] | None = None,
+    peers: Sequence[str] = ("onnxruntime", "eager"),
+) -> list[Row]:
+    """Time tilefold (each graph variant), onnxruntime and eager PyTorch on one model."""
+    import onnxruntime as ort
+
+    rows: list[Row] = []
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(c.path), options, providers=["CPUExecutionProvider"])
+    first = session.get_outputs()[0].name
+    reference = session.run([first], c.feeds)[0]
+
+    base = tilefold.load(c.path)
+    flops = matmul_flops(base)
+    for label, transform in (variants or graph_variants()).items():
+        exe = tilefold.compile(transform(base))
+        seconds = _time(lambda: exe(c.feeds), warmup, repeat)
+        stats = RunStats()
+        out = exe.run(c.feeds, stats=stats)
+        rows.append(Row(c.name, f"tilefold {label}", seconds, flops, _error(out[first], reference), stats.per_op))
+        del exe
+
+    if "onnxruntime" in peers:
+        seconds = _time(lambda: session.run(None, c.feeds), warmup, repeat)
+        rows.append(Row(c.name, "onnxruntime", seconds, flops, 0.0))
+    del session
+
+    if "eager" in peers:
+        import torch
+
+        previous = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            module = c.eager()
+            feeds = {k: torch.from_numpy(v) for k, v in c.feeds.items()}
+            with torch.no_grad():
+                seconds = _time(lambda: c.torch_call(module, feeds), warmup, repeat)
+                out = c.torch_call(module, feeds).numpy()
+            rows.append(Row(c.name, "eager pytorch", seconds, flops, _error(out, reference)))
+        finally:
+            torch.set_num_threads(previous)
+    return rows
+
+
+def format_table(rows: Sequence[Row]) -> str:
+    """One line per (model, runner): median ms, GFLOP/s, ratios to onnxruntime and eager."""
+    head = f"{'model':<10}{'runner':<22}{'median ms':>10}{'GFLOP/s':>9}{'/ onnxrt':>10}{'/ eager':>9}{'max rel err':>13}"
+    lines = [head, "-" * len(head)]
+    for model in dict.fromkeys(r.model for r in rows):
+        group = [r for r in rows if r.model == model]
+        ort_ms = next((r.ms for r in group if r.runner == "onnxruntime"), None)
+        eager_ms = next((r.ms for r in group if r.runner == "eager pytorch"), None)
+        for r in group:
+            vs_ort = f"{r.ms / ort_ms:.2f}x" if ort_ms else "-"
+            vs_eager = f"{r.ms / eager_ms:.2f}x" if eager_ms else "-"
+            err = f"{r.error:.1e}" if r.error is not None else "-"
+            gflops = r.flops / (r.ms * 1e-3) / 1e9
+            lines.append(f"{r.model:<10}{r.runner:<22}{r.ms:>10.1f}{gflops:>9.1f}{vs_ort:>10}{vs_eager:>9}{err:>13}")
+        lines.append(f"{'':<10}({r.flops / 1e9:.1f} GFLOP per run)")
+    return "\n".join(lines)
+
+
+def format_top_ops(rows: Sequence[Row], top: int = 8) -> str:
+    """tilefold's most expensive ops per model and graph variant (ms per run, share)."""
+    lines = []
+    for r in rows:
+        if not r.per_op:
+            continue
+        total = sum(r.per_op.values())
+        lines.append(f"{r.model} / {r.runner}: top ops ({1e3 * total:.1f} ms in kernels)")
+        for op, sec in sorted(r.per_op.items(), key=lambda kv: -kv[1])[:top]:
+            lines.append(f"  {op:<22}{1e3 * sec:>9.1f} ms{100 * sec / total:>7.1f}%")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tilefold.bench.cpu_models", description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
+    parser.add_argument("--repeat", type=int, default=10, help="timed runs per runner (median reported)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op and torch threads")
+    parser.add_argument("--graph", default=None, help=f"tilefold graph variants (default: all of {', '.join(graph_variants())})")
+    parser.add_argument("--peers", default="onnxruntime,eager", help="peers to time: onnxruntime, eager")
+    parser.add_argument("--top", type=int, default=8, help="tilefold ops to list per model")
+    parser.add_argument("--cache-dir", default=None, help="where the exported models are cached")
+    args = parser.parse_args(argv)
+
+    available = graph_variants()
+    chosen = args.graph.split(",") if args.graph else list(available)
+    unknown = [v for v in chosen if v not in available]
+    if unknown:
+        parser.error(f"unknown graph variant {unknown[0]!r}; available: {', '.join(available)}")
+    variants = {v: available[v] for v in chosen}
+    peers = [p for p in args.peers.split(",") if p]
+
+    print(f"cores: {os.cpu_count()}  threads (onnxruntime, torch): {args.threads}  "
+          f"median of {args.repeat} runs after {args.warmup} warm-up", flush=True)
+    rows: list[Row] = []
+    for name in args.models.split(","):
+        rows += bench_model(case(name, args.cache_dir), repeat=args.repeat, warmup=args.warmup,
+                            threads=args.threads, variants=variants, peers=peers)
+    print(format_table(rows))
+    print()
+    print(format_top_ops(rows, args.top))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,259 @@
+"""Models shared by the tests, the benchmarks, the README demo and the notebooks.
+
+- `mlp(path)`: a small ONNX MLP with random weights, built with onnx.helper.
+- `resnet50()` / `bert()`: transformers models built from their config with random weights
+  (no download), exported with `torch.onnx.export(dynamo=True)` and cached on disk;
+  `resnet50_torch()` / `bert_torch()` build the identical eager modules.
+- `light_model(name, random_weights=...)`: the model-zoo architectures shipped with onnx.
+
+    python -m tilefold.bench.models mlp --out build/mlp.onnx
+    python -m tilefold.bench.models resnet50 --out build/
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from .light import LIGHT_MODELS, data_inputs, light_model, light_path, light_reference, static_shape
+
+TORCH_SEED = 0
+RESNET_INPUT = "pixel_values"
+BERT_INPUTS = ("input_ids", "attention_mask")
+
+__all__ = [
+    "LIGHT_MODELS", "bert", "bert_inputs", "bert_torch", "model_cache_dir", "data_inputs", "light_model",
+    "light_path", "light_reference", "mlp", "random_inputs", "resnet50", "resnet50_inputs",
+    "resnet50_torch", "static_shape",
+]
+
+
+# ---- writing files ----------------------------------------------------------------------
+@contextlib.contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary path beside `path`, moved over it only if the block succeeds."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def save_model(model: onnx.ModelProto, path: str | os.PathLike) -> Path:
+    """Check a model and write it atomically."""
+    path = Path(path)
+    onnx.checker.check_model(model, full_check=True)
+    with atomic_path(path) as tmp:
+        onnx.save(model, tmp)
+    return path
+
+
+# ---- a generated MLP --------------------------------------------------------------------
+def mlp_model(
+    *,
+    batch: int | str = 8,
+    sizes: Sequence[int] = (256, 512, 512, 10),
+    seed: int = 0,
+    opset: int = 21,
+    gemm: bool = False,
+) -> onnx.ModelProto:
+    """MLP `x -> [MatMul, Add, Relu]* -> MatMul, Add -> y` (or Gemm with transB=1 layers).
+
+    `batch` may be a name (a symbolic batch dim). Weights are He-normal, biases ~N(0, 0.1).
+    """
+    if len(sizes) < 2:
+        raise ValueError(f"an MLP needs at least two sizes (in, out), got {tuple(sizes)}")
+    rng = np.random.default_rng(seed)
+    nodes: list[onnx.NodeProto] = []
+    inits: list[TensorProto] = []
+    x = "x"
+    layers = list(zip(sizes[:-1], sizes[1:]))
+    for i, (k, n) in enumerate(layers):
+        w = (rng.standard_normal((k, n)) * np.sqrt(2.0 / k)).astype(np.float32)
+        b = rng.normal(0.0, 0.1, n).astype(np.float32)
+        last = i == len(layers) - 1
+        y = "y" if last else f"h{i}"
+        pre = y if last else f"fc{i}"
+        if gemm:
+            inits += [numpy_helper.from_array(np.ascontiguousarray(w.T), f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
+            nodes.append(helper.make_node("Gemm", [x, f"w{i}", f"b{i}"], [pre], name=f"gemm{i}", transB=1))
+        else:
+            inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
+            nodes.append(helper.make_node("MatMul", [x, f"w{i}"], [f"mm{i}"], name=f"matmul{i}"))
+            nodes.append(helper.make_node("Add", [f"mm{i}", f"b{i}"], [pre], name=f"add{i}"))
+        if not last:
+            nodes.append(helper.make_node("Relu", [pre], [y], name=f"relu{i}"))
+        x = y
+    graph = helper.make_graph(
+        nodes,
+        "mlp",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, sizes[0]])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, sizes[-1]])],
+        inits,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="tilefold.bench")
+
+
+def mlp(
+    path: str | os.PathLike,
+    *,
+    batch: int | str = 8,
+    sizes: Sequence[int] = (256, 512, 512, 10),
+    seed: int = 0,
+    opset: int = 21,
+    gemm: bool = False,
+) -> Path:
+    """Write `mlp_model(...)` to `path` (checked, atomically); returns the path."""
+    return save_model(mlp_model(batch=batch, sizes=sizes, seed=seed, opset=opset, gemm=gemm), path)
+
+
+# ---- transformers models, exported with torch.onnx (dynamo) ----------------------------
+def model_cache_dir(explicit: str | os.PathLike | None = None) -> Path:
+    """`explicit`, else $TILEFOLD_CACHE, else ~/.cache/tilefold/models."""
+    if explicit is not None:
+        return Path(explicit)
+    env = os.environ.get("TILEFOLD_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "tilefold" / "models"
+
+
+def _versions_key() -> str:
+    import torch
+    import transformers
+
+    return f"torch{torch.__version__}-transformers{transformers.__version__}".replace("+", "_")
+
+
+@contextlib.contextmanager
+def _seeded_torch(seed: int) -> Iterator[None]:
+    """Seed torch's RNG for the block without changing the caller's RNG state."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def resnet50_torch() -> Any:
+    """transformers ResNet-50 (default `ResNetConfig`, 2 labels) with seeded random weights, eval mode."""
+    import transformers
+
+    with _seeded_torch(TORCH_SEED):
+        model = transformers.ResNetForImageClassification(transformers.ResNetConfig())
+    return model.eval()
+
+
+def bert_torch() -> Any:
+    """transformers BERT-base (`BertConfig()`) with seeded random weights, eval mode."""
+    import transformers
+
+    with _seeded_torch(TORCH_SEED):
+        model = transformers.BertModel(transformers.BertConfig())
+    return model.eval()
+
+
+def resnet50_inputs(rng: np.random.Generator, batch: int = 1) -> dict[str, np.ndarray]:
+    """A standard-normal image batch, 224x224."""
+    return {RESNET_INPUT: rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)}
+
+
+def bert_inputs(rng: np.random.Generator, seq: int = 128, vocab: int = 30522) -> dict[str, np.ndarray]:
+    """Random token ids and an attention mask whose last quarter is padding (zeros)."""
+    ids = rng.integers(0, vocab, (1, seq), dtype=np.int64)
+    mask = np.ones((1, seq), dtype=np.int64)
+    mask[:, seq - seq // 4:] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _export(model: Any, args: tuple, path: Path) -> Path:
+    import torch
+
+    with torch.no_grad():
+        program = torch.onnx.export(model, args, dynamo=True, verbose=False)
+    with atomic_path(path) as tmp:
+        program.save(str(tmp))
+    return path
+
+
+def resnet50(cache_dir: str | os.PathLike | None = None) -> Path:
+    """The ONNX export of `resnet50_torch()` (batch 1, 3x224x224), built once and cached."""
+    import torch
+
+    path = model_cache_dir(cache_dir) / f"resnet50-{_versions_key()}.onnx"
+    if not path.exists():
+        x = torch.from_numpy(resnet50_inputs(np.random.default_rng(0))[RESNET_INPUT])
+        _export(resnet50_torch(), (x,), path)
+    return path
+
+
+def bert(cache_dir: str | os.PathLike | None = None, seq: int = 128) -> Path:
+    """The ONNX export of `bert_torch()` (input_ids, attention_mask: int64 [1, seq]), cached."""
+    import torch
+
+    path = model_cache_dir(cache_dir) / f"bert-seq{seq}-{_versions_key()}.onnx"
+    if not path.exists():
+        feeds = bert_inputs(np.random.default_rng(0), seq)
+        args = tuple(torch.from_numpy(feeds[name]) for name in BERT_INPUTS)
+        _export(bert_torch(), args, path)
+    return path
+
+
+# ---- inputs for any model ---------------------------------------------------------------
+def random_inputs(model: onnx.ModelProto, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Fresh inputs for a model's float inputs (standard normal; symbolic dims set to 1)."""
+    feeds = {}
+    for info in data_inputs(model):
+        elem = info.type.tensor_type.elem_type
+        if elem != TensorProto.FLOAT:
+            raise ValueError(f"input {info.name!r}: random_inputs makes float32 inputs only")
+        feeds[info.name] = rng.standard_normal(static_shape(info)).astype(np.float32)
+    return feeds
+
+
+# ---- command line -----------------------------------------------------------------------
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tilefold.bench.models", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="model", required=True)
+    p = sub.add_parser("mlp", help="a random-weight MLP")
+    p.add_argument("--out", required=True, help="the .onnx file to write")
+    p.add_argument("--batch", default="8", help="batch size, or a name for a symbolic batch dim")
+    p.add_argument("--sizes", default="256,512,512,10", help="layer widths, input first")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--opset", type=int, default=21)
+    p.add_argument("--gemm", action="store_true", help="Gemm layers instead of MatMul + Add")
+    for name, what in (("resnet50", "transformers ResNet-50"), ("bert", "transformers BERT-base")):
+        p = sub.add_parser(name, help=f"{what}, random weights, exported with torch.onnx")
+        p.add_argument("--out", default=None, help="folder to write into (default: the model cache)")
+        if name == "bert":
+            p.add_argument("--seq", type=int, default=128)
+    p = sub.add_parser("light", help="an onnx light model-zoo model")
+    p.add_argument("name", choices=LIGHT_MODELS)
+    p.add_argument("--out", required=True, help="the .onnx file to write")
+    p.add_argument("--random-weights", action="store_true", help="replace the splat weights by random ones")
+    p.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    if args.model == "mlp":
+        batch: int | str = int(args.batch) if args.batch.isdigit() else args.batch
+        sizes = tuple(int(s) for s in args.sizes.split(","))
+        path = mlp(args.out, batch=batch, sizes=sizes, seed=args.seed, opset=args.opset, gemm=args.gemm)
+    elif args.model == "resnet50":
+        path = resnet50(args.out)
+    elif args.model == "bert":
+        path = bert(args.out, seq=args.seq)
+    else:
+        path = save_model(light_model(args.name, random_weights=args.random_weights, seed=args.seed), args.out)
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

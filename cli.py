@@ -1,0 +1,248 @@
+"""The `tilefold` command: `run` a model on the CPU (optionally against onnxruntime), `inspect` it.
+
+Every failure a user can cause prints one line `tilefold: error: ...` and exits 2; a
+`--compare` that finds outputs beyond the tolerances exits 1.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from .graph import Graph, InputError, TilefoldError
+
+EXIT_MISMATCH, EXIT_ERROR = 1, 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    console = Console(highlight=False)
+    try:
+        return args.func(args, console)
+    except TilefoldError as exc:
+        print(f"tilefold: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tilefold", description="Graph-level tensor-layout optimizer.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a model on the CPU (NumPy kernels)")
+    run.add_argument("model", help="an ONNX file")
+    run.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                     help="an input from a .npy file (repeatable); the others are random")
+    run.add_argument("--dim", action="append", default=[], metavar="SYMBOL=SIZE",
+                     help="size of a symbolic dim for random inputs (default 1)")
+    run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    run.add_argument("--output-dir", type=Path, help="write each output as NAME.npy here")
+    run.add_argument("--compare", choices=["onnxruntime"], help="compare the outputs with a reference")
+    run.add_argument("--rtol", type=float, default=1e-3)
+    run.add_argument("--atol", type=float, default=1e-5)
+    run.add_argument("--repeat", type=int, default=1, help="time this many runs (median)")
+    run.add_argument("--no-fallback", action="store_true",
+                     help="fail instead of running ops without a tilefold kernel through onnx.reference")
+    run.set_defaults(func=cmd_run)
+
+    inspect = sub.add_parser("inspect", help="summarize a model's graph")
+    inspect.add_argument("model", help="an ONNX file")
+    inspect.set_defaults(func=cmd_inspect)
+    return parser
+
+
+# ---- run ------------------------------------------------------------------------------
+def cmd_run(args: argparse.Namespace, console: Console) -> int:
+    import tilefold
+
+    t0 = time.perf_counter()
+    graph = tilefold.load(args.model, progress=sys.stderr.isatty())
+    t1 = time.perf_counter()
+    exe = tilefold.compile(graph, allow_fallback=not args.no_fallback)
+    t2 = time.perf_counter()
+    feeds = make_inputs(graph, _pairs(args.input, "--input"), _dims(args.dim), args.seed)
+    times, outputs = [], {}
+    for _ in range(max(1, args.repeat)):
+        start = time.perf_counter()
+        outputs = exe(feeds)
+        times.append(time.perf_counter() - start)
+
+    console.print(_outputs_table(outputs))
+    console.print(
+        f"load {1e3 * (t1 - t0):.1f} ms, compile {1e3 * (t2 - t1):.1f} ms, "
+        f"run {1e3 * statistics.median(times):.2f} ms (median of {len(times)})"
+    )
+    if exe.fallback_nodes:
+        console.print(f"[yellow]{len(exe.fallback_nodes)} node(s) ran through onnx.reference (no tilefold "
+                      f"kernel): {', '.join(exe.fallback_nodes[:8])}[/yellow]")
+    if args.output_dir:
+        write_outputs(outputs, args.output_dir)
+        console.print(f"wrote {len(outputs)} output(s) to {args.output_dir}")
+    if args.compare:
+        reference = run_onnxruntime(args.model, feeds)
+        ok = _compare(console, outputs, reference, args.rtol, args.atol)
+        return 0 if ok else EXIT_MISMATCH
+    return 0
+
+
+def make_inputs(graph: Graph, files: dict[str, str], dims: dict[str, int], seed: int) -> dict[str, np.ndarray]:
+    """Inputs from .npy files where given, random ones elsewhere (floats N(0,1), ints in [0, 2))."""
+    types = graph.input_types()
+    unknown = sorted(set(files) - set(types))
+    if unknown:
+        raise InputError(f"unknown input name {unknown[0]!r}; the model's inputs are {sorted(types)}")
+    rng = np.random.default_rng(seed)
+    feeds: dict[str, np.ndarray] = {}
+    for name, t in types.items():
+        if name in files:
+            try:
+                feeds[name] = np.load(files[name], allow_pickle=False)
+            except (OSError, ValueError) as exc:
+                raise InputError(f"input {name!r}: cannot read {files[name]}: {exc}") from None
+            continue
+        shape = tuple(d if isinstance(d, int) else dims.get(d, 1) for d in t.shape)
+        if t.dtype.kind == "f":
+            feeds[name] = rng.standard_normal(shape).astype(t.dtype)
+        elif t.dtype.kind in "iu":
+            feeds[name] = rng.integers(0, 2, size=shape).astype(t.dtype)
+        elif t.dtype.kind == "b":
+            feeds[name] = rng.integers(0, 2, size=shape).astype(bool)
+        else:
+            raise InputError(f"input {name!r} has dtype {t.dtype}: pass it with --input {name}=FILE.npy")
+    return feeds
+
+
+def run_onnxruntime(model: str | os.PathLike, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own exception types
+        raise TilefoldError(f"onnxruntime cannot load {model}: {str(exc).splitlines()[0]}") from None
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, feeds)))
+
+
+def max_errors(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
+    """Largest absolute error and largest error relative to the reference's scale."""
+    if got.size == 0:
+        return 0.0, 0.0
+    diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
+    diff = np.where(np.isnan(got) & np.isnan(want), 0.0, diff) if got.dtype.kind == "f" else diff
+    scale = max(float(np.max(np.abs(want))), np.finfo(np.float32).tiny) if want.size else 1.0
+    return float(np.max(diff)), float(np.max(diff)) / scale
+
+
+def _compare(console: Console, outputs: dict, reference: dict, rtol: float, atol: float) -> bool:
+    table = Table("output", "max abs err", "max rel err (to max |ref|)", "within rtol/atol", title="against onnxruntime")
+    ok = True
+    for name, want in reference.items():
+        got = outputs.get(name)
+        if got is None or got.shape != want.shape:
+            table.add_row(escape(name), "-", "-", f"[red]shape {None if got is None else got.shape} vs {want.shape}[/red]")
+            ok = False
+            continue
+        abs_err, rel_err = max_errors(got, want)
+        close = bool(np.allclose(got, want, rtol=rtol, atol=atol, equal_nan=True))
+        ok &= close
+        table.add_row(escape(name), f"{abs_err:.3g}", f"{rel_err:.3g}", "[green]yes[/green]" if close else "[red]NO[/red]")
+    console.print(table)
+    console.print(f"rtol={rtol} atol={atol}: " + ("[green]match[/green]" if ok else "[red]MISMATCH[/red]"))
+    return ok
+
+
+def _outputs_table(outputs: dict[str, np.ndarray]) -> Table:
+    table = Table("output", "shape", "dtype", "mean", "std", "min", "max", title="outputs")
+    for name, value in outputs.items():
+        stats = ["-"] * 4
+        if value.size and value.dtype.kind in "fiub":
+            v = value.astype(np.float64)
+            stats = [f"{x:.4g}" for x in (v.mean(), v.std(), v.min(), v.max())]
+        table.add_row(escape(name), str(tuple(value.shape)), str(value.dtype), *stats)
+    return table
+
+
+def write_outputs(outputs: dict[str, np.ndarray], directory: Path) -> None:
+    """Each output as DIR/NAME.npy, written to a temporary file first and renamed."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TilefoldError(f"cannot create output directory {directory}: {exc.strerror}") from None
+    for name, value in outputs.items():
+        safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+        target = directory / f"{safe}.npy"
+        try:
+            fd, tmp = tempfile.mkstemp(dir=directory, suffix=".npy.tmp")
+            with os.fdopen(fd, "wb") as f:
+                np.save(f, value)
+            os.replace(tmp, target)
+        except OSError as exc:
+            raise TilefoldError(f"cannot write {target}: {exc.strerror}") from None
+
+
+# ---- inspect --------------------------------------------------------------------------
+def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
+    import tilefold
+    from .backends.numpy import supports
+
+    graph = tilefold.load(args.model, progress=sys.stderr.isatty())
+    console.print(summary_table(graph, supports))
+    return 0
+
+
+def summary_table(graph: Graph, has_kernel: Any) -> Table:
+    """Ops by count, parameters, splats, unsupported ops, inputs and outputs."""
+    constants = list(graph.constants())
+    splats = [n for n in constants if not isinstance(n.attrs["value"], np.ndarray)]
+    arrays = [n.attrs["value"] for n in constants if isinstance(n.attrs["value"], np.ndarray)]
+    fallback = [n for n in graph.nodes() if n.op == "OnnxReference"]
+    missing = sorted({n.op for n in graph.nodes() if not has_kernel(n.op) and n.op not in ("Input", "Output", "Constant")})
+    table = Table("", "", title=escape(str(graph.meta.get("source", graph.name))), show_header=False)
+    for name, t in graph.input_types().items():
+        table.add_row("input", escape(f"{name}: {t}"))
+    for node, value in zip(graph.outputs, graph.output_values()):
+        table.add_row("output", escape(f"{graph.node(node).attrs['name']}: {graph.type_of(value)}"))
+    table.add_row("nodes", str(len(graph)))
+    ops = {op: n for op, n in graph.op_counts().items() if op not in ("Input", "Output", "Constant")}
+    table.add_row("ops", ", ".join(f"{op} {n}" for op, n in ops.items()))
+    table.add_row("parameters", f"{graph.parameter_count():,} elements; {sum(a.nbytes for a in arrays):,} bytes stored")
+    table.add_row("splats", f"{len(splats)} constant(s) kept as one value each")
+    names = sorted({n.attrs.get("onnx_op", "?") for n in fallback})
+    table.add_row("via onnx.reference", ", ".join(names) if names else "none")
+    table.add_row("no kernel", ", ".join(missing) if missing else "none")
+    return table
+
+
+def _pairs(items: list[str], flag: str) -> dict[str, str]:
+    pairs = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise InputError(f"{flag} {item!r}: expected NAME=VALUE")
+        pairs[name] = value
+    return pairs
+
+
+def _dims(items: list[str]) -> dict[str, int]:
+    try:
+        return {k: int(v) for k, v in _pairs(items, "--dim").items()}
+    except ValueError:
+        raise InputError(f"--dim expects SYMBOL=INTEGER, got {items}") from None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""Index-driven and shape-producing ops: Gather, GatherElements, GatherND, Trilu, Shape,
+Size, ConstantOfShape and Range.
+
+None of them has an iteration signature (Trilu's mask depends on positions, the gathers
+read data-dependent positions, the others make new tensors), so layout stops at them.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import UnsupportedOpError, VerifyError
+from ..registry import OpDef, register
+from ..types import Splat, TensorType
+from .shapes import const_ints, fresh, length_of, norm_axis
+
+INT64 = np.dtype(np.int64)
+
+
+def _check_indices(op: str, indices: TensorType) -> None:
+    if indices.dtype not in (np.dtype(np.int32), INT64):
+        raise VerifyError(f"{op}: indices {indices} must be int32 or int64")
+
+
+def _gather_infer(attrs, types, consts):
+    data, indices = types
+    _check_indices("Gather", indices)
+    if data.rank == 0:
+        raise VerifyError(f"Gather: data {data} must have rank >= 1")
+    axis = norm_axis(attrs["axis"], data.rank)
+    return [TensorType(data.shape[:axis] + indices.shape + data.shape[axis + 1:], data.dtype)]
+
+
+register(OpDef("Gather", infer=_gather_infer, min_inputs=2, max_inputs=2, defaults={"axis": 0},
+               doc="numpy.take along axis: data[:axis] + indices.shape + data[axis+1:]."))
+
+
+def _gather_elements_infer(attrs, types, consts):
+    data, indices = types
+    _check_indices("GatherElements", indices)
+    if data.rank == 0 or indices.rank != data.rank:
+        raise VerifyError(f"GatherElements: data {data} and indices {indices} must have one rank >= 1")
+    norm_axis(attrs["axis"], data.rank)
+    return [TensorType(indices.shape, data.dtype)]
+
+
+register(OpDef("GatherElements", infer=_gather_elements_infer, min_inputs=2, max_inputs=2,
+               defaults={"axis": 0}, doc="numpy.take_along_axis; the result has indices' shape."))
+
+
+def _gather_nd_infer(attrs, types, consts):
+    data, indices = types
+    _check_indices("GatherND", indices)
+    b = attrs["batch_dims"]
+    if indices.rank < 1 or data.rank < 1:
+        raise VerifyError(f"GatherND: data {data} and indices {indices} must have rank >= 1")
+    k = indices.shape[-1]
+    if not isinstance(k, int):
+        raise UnsupportedOpError(f"GatherND: the last dim of indices {indices} must be static")
+    if b < 0 or b + k > data.rank or b >= indices.rank:
+        raise VerifyError(f"GatherND: indices {indices} with batch_dims={b} do not fit data {data}")
+    return [TensorType(indices.shape[:-1] + data.shape[b + k:], data.dtype)]
+
+
+register(OpDef("GatherND", infer=_gather_nd_infer, min_inputs=2, max_inputs=2,
+               defaults={"batch_dims": 0},
+               doc="Result: indices.shape[:-1] + data.shape[batch_dims + indices.shape[-1]:]."))
+
+
+def _trilu_infer(attrs, types, consts):
+    data = types[0]
+    if data.rank < 2:
+        raise VerifyError(f"Trilu: input {data} must have rank >= 2")
+    k = types[1] if len(types) > 1 else None
+    if k is not None and k.rank != 0:
+        raise VerifyError(f"Trilu: k {k} must be a scalar")
+    return [TensorType(data.shape, data.dtype)]
+
+
+register(OpDef("Trilu", infer=_trilu_infer, min_inputs=1, max_inputs=2, defaults={"upper": 1},
+               doc="Upper (or lower) triangle of the last two dims, shifted by the scalar k."))
+
+
+# ---- shapes as values ----------------------------------------------------------------------
+def _shape_range(attrs, rank: int) -> tuple[int, int]:
+    start, end = attrs["start"], attrs.get("end")
+    end = rank if end is None else end
+    start, end = (min(max(v + rank if v < 0 else v, 0), rank) for v in (start, end))
+    return start, max(start, end)
+
+
+def _shape_infer(attrs, types, consts):
+    start, end = _shape_range(attrs, types[0].rank)
+    return [TensorType((end - start,), INT64)]
+
+
+def _shape_value(attrs, types) -> np.ndarray | None:
+    """The dims when the selected ones are static, even if others are symbolic."""
+    start, end = _shape_range(attrs, types[0].rank)
+    dims = types[0].shape[start:end]
+    return np.array(dims, dtype=INT64) if all(isinstance(d, int) for d in dims) else None
+
+
+def _size_value(attrs, types) -> np.ndarray | None:
+    count = types[0].numel()
+    return None if count is None else np.array(count, dtype=INT64)
+
+
+register(OpDef("Shape", infer=_shape_infer, static_value=_shape_value, defaults={"start": 0},
+               doc="int64 dims [start:end) of the input (end defaults to the rank)."))
+register(OpDef("Size", infer=lambda a, t, c: [TensorType((), INT64)], static_value=_size_value,
+               doc="int64 scalar: the number of elements."))
+
+
+def _constant_of_shape_infer(attrs, types, consts):
+    value = attrs.get("value")
+    dtype = np.dtype(np.float32)
+    if value is not None:
+        value = value.to_array() if isinstance(value, Splat) else np.asarray(value)
+        if value.size != 1:
+            raise VerifyError(f"ConstantOfShape: value must hold one element, got shape {value.shape}")
+        dtype = value.dtype
+    dims = const_ints(consts[0] if consts else None)
+    if dims is None:
+        count = length_of(types[0], "ConstantOfShape", "input")
+        return [TensorType(tuple(fresh("ConstantOfShape", i) for i in range(count)), dtype)]
+    if any(d < 0 for d in dims):
+        raise VerifyError(f"ConstantOfShape: shape {dims} has a negative dim")
+    return [TensorType(tuple(dims), dtype)]
+
+
+register(OpDef("ConstantOfShape", infer=_constant_of_shape_infer,
+               doc="A tensor of the shape input filled with attr value (default float32 0); "
+                   "folding makes it a Splat."))
+
+
+def _range_infer(attrs, types, consts):
+    dtypes = {t.dtype for t in types}
+    if len(dtypes) > 1 or any(t.rank != 0 for t in types):
+        text = ", ".join(map(str, types))
+        raise VerifyError(f"Range: start, limit and delta must be scalars of one type, got {text}")
+    dtype = types[0].dtype
+    if any(c is None for c in consts[:3]):
+        return [TensorType((fresh("Range", 0),), dtype)]
+    start, limit, delta = (np.asarray(c.to_array() if isinstance(c, Splat) else c).item() for c in consts[:3])
+    if delta == 0:
+        raise VerifyError("Range: delta must not be 0")
+    if dtype.kind in "iu":
+        count = -(-(limit - start) // delta)
+    else:
+        count = math.ceil((limit - start) / delta)
+    return [TensorType((max(int(count), 0),), dtype)]
+
+
+register(OpDef("Range", infer=_range_infer, min_inputs=3, max_inputs=3,
+               doc="1-D: max(ceil((limit - start) / delta), 0) elements of start's type."))

@@ -1,0 +1,120 @@
+"""Loaded models compute what onnxruntime computes on the original file, on fresh random inputs."""
+from __future__ import annotations
+
+import glob
+import io
+import os
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tilefold.backends.numpy import NumpyExecutable
+from tilefold.frontends.onnx import load_onnx
+from tilefold.graph.verify import verify_graph
+
+LIGHT = os.path.join(os.path.dirname(onnx.__file__), "backend/test/data/light")
+SLOW_LIGHT = {"bvlc_alexnet", "densenet121", "vgg19", "zfnet512"}  # hundreds of MB of weights, or 2800 nodes
+
+
+def onnxruntime_outputs(model: onnx.ModelProto | str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    source = model if isinstance(model, str) else model.SerializeToString()
+    session = ort.InferenceSession(source, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, feeds)))
+
+
+def random_feeds(model: onnx.ModelProto, rng: np.random.Generator, sizes: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+    weights = {t.name for t in model.graph.initializer}
+    feeds = {}
+    for info in model.graph.input:
+        if info.name in weights:
+            continue
+        shape = [d.dim_value if d.HasField("dim_value") else (sizes or {})[d.dim_param] for d in info.type.tensor_type.shape.dim]
+        dtype = helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type)
+        feeds[info.name] = rng.standard_normal(shape).astype(dtype)
+    return feeds
+
+
+def assert_same_outputs(graph, model, feeds, rtol=1e-4, atol=1e-5) -> None:
+    verify_graph(graph)
+    got = NumpyExecutable(graph)(feeds)
+    want = onnxruntime_outputs(model, feeds)
+    assert list(got) == list(want)
+    for name in want:
+        assert got[name].shape == want[name].shape, name
+        np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=atol, err_msg=name)
+
+
+def with_random_weights(model: onnx.ModelProto, rng: np.random.Generator) -> onnx.ModelProto:
+    """The light models build their weights with ConstantOfShape (one value each): use random ones."""
+    weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    keep, new = [], []
+    for node in model.graph.node:
+        if node.op_type == "ConstantOfShape" and node.input[0] in weights:
+            shape = tuple(int(d) for d in weights[node.input[0]])
+            if len(shape) >= 2:  # conv / gemm weights, scaled by fan-in to keep activations in range
+                value = (rng.random(shape, dtype=np.float32) * 2 - 1) / np.float32(np.sqrt(np.prod(shape[1:])))
+            else:  # biases, batch-norm scale, mean and (positive) variance
+                value = rng.uniform(0.5, 1.5, shape).astype(np.float32)
+            new.append(numpy_helper.from_array(value, node.output[0]))
+        else:
+            keep.append(node)
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    out.graph.node.extend(keep)
+    out.graph.initializer.extend(new)
+    out.graph.input.extend(helper.make_tensor_value_info(t.name, TensorProto.FLOAT, t.dims) for t in new)
+    return out
+
+
+def light_params():
+    for path in sorted(glob.glob(os.path.join(LIGHT, "*.onnx"))):
+        name = os.path.basename(path)[6:-5]
+        marks = [pytest.mark.slow] if name in SLOW_LIGHT else []
+        yield pytest.param(path, id=name, marks=marks)
+
+
+@pytest.mark.parametrize("path", light_params())
+def test_light_model_with_random_weights_matches_onnxruntime(path):
+    rng = np.random.default_rng(7)
+    model = with_random_weights(onnx.load(path), rng)
+    feeds = random_feeds(model, rng)
+    graph = load_onnx(model)
+    assert graph.op_counts().get("ConstantOfShape", 0) == sum(n.op_type == "ConstantOfShape" for n in model.graph.node)
+    assert_same_outputs(graph, model, feeds)
+
+
+@pytest.mark.parametrize("opset", [9, 13, 17, 21])
+def test_each_opset_form_computes_what_onnxruntime_computes(opset, conv_block):
+    model = conv_block(opset)
+    rng = np.random.default_rng(opset)
+    assert_same_outputs(load_onnx(model), model, random_feeds(model, rng, {"N": 3}))
+
+
+def test_external_data_model_matches_onnxruntime(tmp_path, conv_block):
+    model = conv_block(17)
+    path = str(tmp_path / "m.onnx")
+    onnx.save(model, path, save_as_external_data=True, location="m.data", size_threshold=0)
+    feeds = random_feeds(model, np.random.default_rng(3), {"N": 2})
+    # onnx.save moved `model`'s data out; onnxruntime runs a fresh in-memory copy
+    assert_same_outputs(load_onnx(path), conv_block(17), feeds)
+
+
+def test_a_torch_transformer_export_with_dynamic_axes_matches_onnxruntime():
+    """Shape arithmetic over constants (torch's Mod in attention) must not lose the Reshape ranks."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, dropout=0.0)
+    module = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    buffer = io.BytesIO()
+    torch.onnx.export(module, (torch.randn(2, 5, 32),), buffer, input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "batch", 1: "seq"}}, opset_version=17, dynamo=False)
+    model = onnx.load_from_string(buffer.getvalue())
+    graph = load_onnx(model)
+    assert graph.input_types()["x"].shape == ("batch", "seq", 32)
+    feeds = random_feeds(model, np.random.default_rng(5), {"batch": 2, "seq": 5})
+    assert_same_outputs(graph, model, feeds)

@@ -1,0 +1,173 @@
+"""Simplification passes: shape subgraphs fold away, splats stay splats, BatchNorm folds into
+Conv, CSE and DCE; every pass reports `modified` honestly; results match onnxruntime."""
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import tilefold
+from tilefold.backends.numpy import evaluate_node
+from tilefold.frontends.onnx import load_onnx
+from tilefold.graph import Graph, Splat, TensorType, Value
+from tilefold.graph.passes import constant_folding, cse, dce, fold_batchnorm, run_passes, simplify
+from tilefold.graph.verify import verify_graph
+
+RNG = np.random.default_rng(7)
+F32 = np.dtype("float32")
+
+
+def make_model(nodes, inputs, outputs, inits=()):
+    graph = helper.make_graph(nodes, "t", inputs, outputs, [numpy_helper.from_array(a, n) for n, a in inits])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    onnx.checker.check_model(model)
+    return model
+
+
+def ort_run(model, feeds):
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def test_shape_subgraph_folds_to_a_constant_reshape():
+    model = make_model(
+        [
+            helper.make_node("Shape", ["x"], ["s"]),
+            helper.make_node("Gather", ["s", "first"], ["b"], axis=0),
+            helper.make_node("Unsqueeze", ["b", "zero"], ["b1"]),
+            helper.make_node("Concat", ["b1", "minus1"], ["shape"], axis=0),
+            helper.make_node("Reshape", ["x", "shape"], ["y"]),
+        ],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 12])],
+        [("first", np.array(0, np.int64)), ("zero", np.array([0], np.int64)), ("minus1", np.array([-1], np.int64))],
+    )
+    g = simplify(load_onnx(model), evaluate_node, verify=True)
+    assert {n.op for n in g.nodes()} == {"Input", "Constant", "Reshape", "Output"}
+    x = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    out = tilefold.compile(g)({"x": x})["y"]
+    np.testing.assert_array_equal(out, ort_run(model, {"x": x})[0])
+
+
+def test_splat_weights_stay_splats_through_folding():
+    model = make_model(
+        [
+            helper.make_node("ConstantOfShape", ["wshape"], ["w0"],
+                             value=numpy_helper.from_array(np.array([0.25], np.float32))),
+            helper.make_node("Mul", ["w0", "two"], ["w1"]),
+            helper.make_node("Transpose", ["w1"], ["w"], perm=[1, 0]),
+            helper.make_node("MatMul", ["x", "w"], ["y"]),
+        ],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 7])],
+        [("wshape", np.array([7, 5], np.int64)), ("two", np.array(2.0, np.float32))],
+    )
+    g = simplify(load_onnx(model), evaluate_node, verify=True)
+    (matmul,) = [n for n in g.nodes() if n.op == "MatMul"]
+    weight = g.constant_value(g.inputs_of(matmul.name)[1])
+    assert isinstance(weight, Splat) and weight.shape == (5, 7) and weight.value == 0.5
+    x = RNG.standard_normal((3, 5)).astype(np.float32)
+    np.testing.assert_allclose(tilefold.compile(g)({"x": x})["y"], ort_run(model, {"x": x})[0], rtol=1e-6)
+
+
+def conv_bn_model(splat_params: bool):
+    c, f = 3, 8
+    w = RNG.standard_normal((f, c, 3, 3)).astype(np.float32)
+    b = RNG.standard_normal(f).astype(np.float32)
+    if splat_params:
+        params = [np.full(f, v, np.float32) for v in (1.5, 0.1, 0.2, 0.9)]
+    else:
+        params = [RNG.standard_normal(f).astype(np.float32), RNG.standard_normal(f).astype(np.float32),
+                  RNG.standard_normal(f).astype(np.float32), RNG.uniform(0.5, 2, f).astype(np.float32)]
+    model = make_model(
+        [
+            helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+            helper.make_node("BatchNormalization", ["c", "s", "bb", "m", "v"], ["y"], epsilon=1e-3),
+        ],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, c, 9, 7])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, f, 9, 7])],
+        [("w", w), ("b", b), *zip(["s", "bb", "m", "v"], params)],
+    )
+    return model
+
+
+@pytest.mark.parametrize("splat_params", [False, True])
+def test_batchnorm_folds_into_conv(splat_params):
+    model = conv_bn_model(splat_params)
+    g = load_onnx(model)
+    result = fold_batchnorm(g)
+    assert result.modified
+    verify_graph(g)
+    assert "BatchNormalization" not in g.op_counts()
+    assert not fold_batchnorm(g).modified
+    x = RNG.standard_normal((2, 3, 9, 7)).astype(np.float32)
+    np.testing.assert_allclose(tilefold.compile(g)({"x": x})["y"], ort_run(model, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_batchnorm_of_splat_conv_keeps_splat_weights():
+    model = make_model(
+        [
+            helper.make_node("ConstantOfShape", ["wshape"], ["w"],
+                             value=numpy_helper.from_array(np.array([0.02], np.float32))),
+            *[helper.make_node("ConstantOfShape", ["cshape"], [n], value=numpy_helper.from_array(np.array([v], np.float32)))
+              for n, v in zip(["s", "bb", "m", "v"], (2.0, 0.5, 0.1, 4.0))],
+            helper.make_node("Conv", ["x", "w"], ["c"]),
+            helper.make_node("BatchNormalization", ["c", "s", "bb", "m", "v"], ["y"]),
+        ],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 5, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 5, 5])],
+        [("wshape", np.array([4, 3, 1, 1], np.int64)), ("cshape", np.array([4], np.int64))],
+    )
+    g = simplify(load_onnx(model), evaluate_node, verify=True)
+    (conv,) = [n for n in g.nodes() if n.op == "Conv"]
+    weight = g.constant_value(g.inputs_of(conv.name)[1])
+    assert isinstance(weight, Splat) and weight.shape == (4, 3, 1, 1)
+    x = RNG.standard_normal((1, 3, 5, 5)).astype(np.float32)
+    np.testing.assert_allclose(tilefold.compile(g)({"x": x})["y"], ort_run(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
+def small_graph() -> Graph:
+    g = Graph()
+    x = g.add_input("x", TensorType((4,), F32))
+    t = TensorType((4,), F32)
+    a1 = g.add_node("Relu", [x], [t], name="a1")
+    a2 = g.add_node("Relu", [x], [t], name="a2")
+    s = g.add_node("Add", [Value(a1.name), Value(a2.name)], [t], name="sum")
+    g.add_node("Neg", [x], [t], name="unused")
+    g.add_output(Value(s.name), "y")
+    return g
+
+
+def test_cse_merges_identical_nodes_and_says_so_once():
+    g = small_graph()
+    assert cse(g).modified
+    assert g.op_counts()["Relu"] == 1
+    assert not cse(g).modified
+    verify_graph(g)
+
+
+def test_dce_drops_what_no_output_needs_but_keeps_inputs():
+    g = small_graph()
+    assert dce(g).modified
+    assert "unused" not in g and "x" in g
+    assert not dce(g).modified
+
+
+def test_passes_leave_results_unchanged():
+    g = small_graph()
+    x = RNG.standard_normal(4).astype(np.float32)
+    before = tilefold.compile(g.copy())({"x": x})["y"]
+    run_passes(g, [constant_folding(evaluate_node), cse, dce], verify=True, fixed_point=True)
+    np.testing.assert_array_equal(tilefold.compile(g)({"x": x})["y"], before)
+    np.testing.assert_array_equal(before, 2 * np.maximum(x, 0))
+
+
+def test_identity_and_dropout_are_bypassed():
+    model = make_model(
+        [helper.make_node("Identity", ["x"], ["a"]), helper.make_node("Dropout", ["a"], ["b"]),
+         helper.make_node("Relu", ["b"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+    )
+    g = simplify(load_onnx(model), evaluate_node, verify=True)
+    assert set(g.op_counts()) == {"Input", "Relu", "Output"}

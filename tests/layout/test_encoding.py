@@ -1,0 +1,98 @@
+"""Packed encodings: tensor.pack semantics, checked as properties over random shapes."""
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from tilefold.graph import VerifyError
+from tilefold.layout.encoding import PackedEncoding, pack, unpack
+
+
+@st.composite
+def packed_case(draw):
+    rank = draw(st.integers(1, 4))
+    shape = tuple(draw(st.lists(st.integers(1, 9), min_size=rank, max_size=rank)))
+    tiled = draw(st.lists(st.integers(0, rank - 1), unique=True, max_size=rank))
+    tiles = tuple(draw(st.integers(1, 5)) for _ in tiled)
+    perm = tuple(draw(st.permutations(range(rank))))
+    pad = draw(st.sampled_from([0.0, -1.5]))
+    seed = draw(st.integers(0, 2**16))
+    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+    return x, PackedEncoding(tuple(tiled), tiles, perm, pad)
+
+
+@given(packed_case())
+@settings(max_examples=200, deadline=None)
+def test_unpack_inverts_pack(case):
+    x, enc = case
+    np.testing.assert_array_equal(unpack(pack(x, enc), enc, x.shape), x)
+
+
+@given(packed_case())
+@settings(max_examples=200, deadline=None)
+def test_buffer_shape_and_bytes_follow_the_formula(case):
+    x, enc = case
+    p = pack(x, enc)
+    tiles = dict(zip(enc.inner_dims_pos, enc.inner_tiles))
+    outer = [-(-d // tiles[i]) if i in tiles else d for i, d in enumerate(x.shape)]
+    perm = enc.outer_perm(x.ndim)
+    assert p.shape == tuple(outer[i] for i in perm) + enc.inner_tiles
+    assert enc.nbytes(x.shape, x.dtype) == p.nbytes
+    padded = np.prod([-(-d // tiles[i]) * tiles[i] if i in tiles else d for i, d in enumerate(x.shape)])
+    assert p.size == padded
+
+
+@given(packed_case())
+@settings(max_examples=200, deadline=None)
+def test_padding_holds_the_recorded_value(case):
+    x, enc = case
+    p = pack(x, enc)
+    assert np.count_nonzero(p == enc.pad) >= p.size - x.size  # every padding element
+    assert np.isclose(p.sum(), x.sum() + enc.pad * (p.size - x.size), rtol=1e-4, atol=1e-3)
+
+
+@given(packed_case(), st.data())
+@settings(max_examples=200, deadline=None)
+def test_a_transpose_of_a_packed_tensor_is_a_relabeling(case, data):
+    x, enc = case
+    perm = tuple(data.draw(st.permutations(range(x.ndim))))
+    np.testing.assert_array_equal(pack(x.transpose(perm), enc.permuted(perm)), pack(x, enc))
+
+
+def test_known_example_nchw_to_nchw8c():
+    x = np.arange(2 * 12 * 3 * 3, dtype=np.float32).reshape(2, 12, 3, 3)
+    enc = PackedEncoding((1,), (8,))
+    p = pack(x, enc)
+    assert p.shape == (2, 2, 3, 3, 8)
+    assert p[1, 1, 2, 0, 3] == x[1, 8 + 3, 2, 0]
+    assert np.all(p[:, 1, :, :, 4:] == 0)  # channels 12..15 are padding
+
+
+def test_mmt4d_style_matmul_operand():
+    a = np.arange(5 * 7, dtype=np.float32).reshape(5, 7)
+    enc = PackedEncoding((0, 1), (4, 2))
+    p = pack(a, enc)
+    assert p.shape == (2, 4, 4, 2)
+    assert p[1, 2, 0, 1] == a[4, 5]  # p[i, j, r, c] = a[4i + r, 2j + c]
+    assert np.all(p[1, :, 1:, :] == 0) and np.all(p[:, 3, :, 1] == 0)  # rows 5..7 and column 7 pad
+
+
+def test_equality_and_layout_identity():
+    a = PackedEncoding((1,), (8,), (0, 1, 2, 3), 0.0)
+    b = PackedEncoding((1,), (8,), None, None)
+    assert a.outer_dims_perm is None  # an identity permutation is normalized away
+    assert a != b and a.same_layout(b)
+    assert hash(a) == hash(PackedEncoding((1,), (8,)))
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [(((0,), (4, 4)), "2 tiles"), (((0, 0), (4, 4)), "tiled twice"), (((0,), (0,)), "positive")],
+)
+def test_malformed_encodings_are_refused(args, message):
+    with pytest.raises(VerifyError, match=message):
+        PackedEncoding(*args)
+
+
+def test_an_encoding_must_fit_the_rank():
+    with pytest.raises(VerifyError, match="outside rank 2"):
+        PackedEncoding((2,), (4,)).physical_shape((3, 3))

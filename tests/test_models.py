@@ -1,0 +1,158 @@
+"""Whole models through `tilefold.load` + `tilefold.compile`, checked against independent references.
+
+- The nine model-zoo architectures shipped with onnx reproduce their shipped outputs
+  (the ONNX backend runner's tolerances, rtol=1e-3, atol=1e-7).
+- The same architectures with random weights (`light_model(random_weights=True)`) match
+  onnxruntime on fresh random inputs: rtol=1e-3 and atol=1e-5 x the output's max |value|.
+- A generated MLP (MatMul+Add and Gemm forms, symbolic batch) matches onnxruntime.
+- transformers ResNet-50 and BERT-base exports match onnxruntime (slow: export + 0.5 GB of weights).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import tilefold
+from tilefold.bench import models
+from tilefold.bench.models import LIGHT_MODELS
+
+RTOL = 1e-3
+ATOL_SHIPPED = 1e-7  # the ONNX backend runner's default for these models
+ATOL_SCALE = 1e-5  # atol relative to the reference output's largest magnitude
+
+
+def onnxruntime_outputs(model: onnx.ModelProto | Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # the light models keep a few unused initializers
+    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(names, feeds)))
+
+
+def assert_close_to_scale(actual: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> None:
+    assert set(actual) == set(expected)
+    for name, ref in expected.items():
+        assert actual[name].shape == ref.shape, name
+        assert actual[name].dtype == ref.dtype, name
+        atol = ATOL_SCALE * float(np.abs(ref).max())
+        np.testing.assert_allclose(actual[name], ref, rtol=RTOL, atol=atol, err_msg=name)
+
+
+@pytest.mark.parametrize("name", LIGHT_MODELS)
+def test_light_model_reproduces_its_shipped_reference_outputs(name: str) -> None:
+    inputs, expected = models.light_reference(name)
+    exe = tilefold.compile(tilefold.load(models.light_path(name)))
+    assert exe.fallback_nodes == []
+    outputs = exe(inputs)
+    assert set(outputs) == set(expected)
+    for key, ref in expected.items():
+        np.testing.assert_allclose(outputs[key], ref, rtol=RTOL, atol=ATOL_SHIPPED, err_msg=key)
+
+
+# VGG-19's 140M random weights take ~20 s to draw, serialize and load twice.
+SLOW_RANDOM = {"vgg19"}
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_RANDOM else n for n in LIGHT_MODELS]
+)
+def test_light_model_with_random_weights_matches_onnxruntime(name: str) -> None:
+    model = models.light_model(name, random_weights=True, seed=0)
+    assert not [n for n in model.graph.node if n.op_type == "ConstantOfShape"]
+    feeds = models.random_inputs(model, np.random.default_rng(1))
+    expected = onnxruntime_outputs(model, feeds)
+    assert_informative(next(iter(expected.values())), softmax=any(n.op_type == "Softmax" for n in model.graph.node))
+
+    exe = tilefold.compile(tilefold.load(model))
+    assert exe.fallback_nodes == []
+    assert_close_to_scale(exe(feeds), expected)
+
+
+def assert_informative(out: np.ndarray, *, softmax: bool) -> None:
+    """A reference worth comparing against: finite, and not a uniform or one-hot softmax."""
+    assert np.isfinite(out).all()
+    if softmax:
+        assert 3.0 / out.size < out.max() < 0.99
+    else:
+        assert 0.3 < float(np.sqrt(np.mean(out.astype(np.float64) ** 2))) < 30.0
+
+
+def test_light_model_random_weights_depend_only_on_the_seed() -> None:
+    a = models.light_model("squeezenet", random_weights=True, seed=3)
+    b = models.light_model("squeezenet", random_weights=True, seed=3)
+    c = models.light_model("squeezenet", random_weights=True, seed=4)
+    weights = {t.name: onnx.numpy_helper.to_array(t) for t in a.graph.initializer}
+    same = {t.name: onnx.numpy_helper.to_array(t) for t in b.graph.initializer}
+    other = {t.name: onnx.numpy_helper.to_array(t) for t in c.graph.initializer}
+    w = "conv1_w_0"
+    np.testing.assert_array_equal(weights[w], same[w])
+    assert not np.array_equal(weights[w], other[w])
+    onnx.checker.check_model(a, full_check=True)
+
+
+@pytest.mark.parametrize("gemm", [False, True], ids=["matmul_add", "gemm"])
+def test_mlp_matches_onnxruntime_for_two_batch_sizes(tmp_path: Path, gemm: bool) -> None:
+    path = models.mlp(tmp_path / "mlp.onnx", batch="N", sizes=(64, 128, 96, 10), seed=5, gemm=gemm)
+    ops = {n.op_type for n in onnx.load(path).graph.node}
+    assert ops == ({"Gemm", "Relu"} if gemm else {"MatMul", "Add", "Relu"})
+    exe = tilefold.compile(tilefold.load(path))
+    rng = np.random.default_rng(6)
+    for batch in (1, 7):
+        feeds = {"x": rng.standard_normal((batch, 64)).astype(np.float32)}
+        outputs = exe(feeds)
+        assert outputs["y"].shape == (batch, 10)
+        assert_close_to_scale(outputs, onnxruntime_outputs(path, feeds))
+
+
+def test_mlp_cli_writes_a_checked_model_and_prints_its_path(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "sub" / "mlp.onnx"
+    assert models.main(["mlp", "--out", str(out), "--sizes", "8,4", "--batch", "3"]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    model = onnx.load(out)
+    onnx.checker.check_model(model, full_check=True)
+    assert [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim] == [3, 8]
+    assert list(tmp_path.joinpath("sub").iterdir()) == [out]  # no temporary file left behind
+
+
+@pytest.mark.slow
+def test_transformers_resnet50_export_matches_onnxruntime() -> None:
+    path = models.resnet50()
+    feeds = models.resnet50_inputs(np.random.default_rng(7))
+    exe = tilefold.compile(tilefold.load(path))
+    assert exe.fallback_nodes == []
+    assert_close_to_scale(exe(feeds), onnxruntime_outputs(path, feeds))
+
+
+@pytest.mark.slow
+def test_transformers_bert_export_matches_onnxruntime_with_padding_mask() -> None:
+    path = models.bert()
+    feeds = models.bert_inputs(np.random.default_rng(8))
+    assert 0 < feeds["attention_mask"].sum() < feeds["attention_mask"].size
+    exe = tilefold.compile(tilefold.load(path))
+    assert exe.fallback_nodes == []
+    assert_close_to_scale(exe(feeds), onnxruntime_outputs(path, feeds))
+
+
+@pytest.mark.slow
+def test_exported_models_carry_the_eager_modules_weights() -> None:
+    """The eager peers of the CPU benchmark compute what the exports compute."""
+    import torch
+
+    rng = np.random.default_rng(9)
+    feeds = models.resnet50_inputs(rng)
+    (ref,) = onnxruntime_outputs(models.resnet50(), feeds).values()
+    with torch.no_grad():
+        logits = models.resnet50_torch()(torch.from_numpy(feeds["pixel_values"])).logits.numpy()
+    np.testing.assert_allclose(logits, ref, rtol=RTOL, atol=ATOL_SCALE * np.abs(ref).max())
+
+    feeds = models.bert_inputs(rng)
+    expected = onnxruntime_outputs(models.bert(), feeds)
+    with torch.no_grad():
+        out = models.bert_torch()(*(torch.from_numpy(feeds[k]) for k in models.BERT_INPUTS))
+    for got, ref in zip((out.last_hidden_state, out.pooler_output), expected.values()):
+        np.testing.assert_allclose(got.numpy(), ref, rtol=RTOL, atol=ATOL_SCALE * np.abs(ref).max())
