@@ -1,7 +1,8 @@
 """CPU benchmark: tilefold's NumPy backend against onnxruntime and eager PyTorch, one process.
 
 ResNet-50 (batch 1, 224x224) and BERT-base (seq 128) from transformers, random weights.
-Every runner gets the same inputs; after a warm-up, the median of N runs is reported with
+Every runner gets the same inputs; after a warm-up, the runners take turns (so that load drift
+on a shared machine hits all alike) and the median of N runs is reported with
 the ratios tilefold/onnxruntime and tilefold/eager (above 1: tilefold is slower), the
 GFLOP/s reached (FLOP = 2 x the multiply-adds of Conv/MatMul/Gemm) and tilefold's top ops.
 
@@ -25,7 +26,6 @@ import numpy as np
 import tilefold
 from tilefold.backends.numpy import RunStats
 from tilefold.graph import Graph
-from tilefold.graph.graph import Value
 
 from . import models
 
@@ -59,6 +59,7 @@ class Row:
 
 
 def case(name: str, cache_dir: str | os.PathLike | None = None) -> Case:
+    """A model's benchmark case: its cached export, fixed inputs and eager twin."""
     rng = np.random.default_rng(0)
     if name == "resnet50":
         return Case(
@@ -102,14 +103,21 @@ def matmul_flops(graph: Graph) -> float:
     return float(total)
 
 
-def _time(run: Callable[[], Any], warmup: int, repeat: int) -> list[float]:
-    for _ in range(warmup):
-        run()
-    times = []
+def time_interleaved(
+    runners: Mapping[str, Callable[[], Any]], *, repeat: int, gap: float
+) -> dict[str, list[float]]:
+    """Seconds per call of each runner, taking turns so that load drift hits all of them alike.
+
+    Before each timed call the process sleeps `gap` seconds, so that the thread pools of the
+    previous runner (OpenBLAS, onnxruntime and OpenMP spin after a call) are idle again.
+    """
+    times: dict[str, list[float]] = {label: [] for label in runners}
     for _ in range(repeat):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
+        for label, run in runners.items():
+            time.sleep(gap)
+            start = time.perf_counter()
+            run()
+            times[label].append(time.perf_counter() - start)
     return times
 
 
@@ -124,13 +132,13 @@ def bench_model(
     repeat: int = 10,
     warmup: int = 2,
     threads: int = 2,
+    gap: float = 0.1,
     variants: Mapping[str, GraphTransform] | None = None,
     peers: Sequence[str] = ("onnxruntime", "eager"),
 ) -> list[Row]:
     """Time tilefold (each graph variant), onnxruntime and eager PyTorch on one model."""
     import onnxruntime as ort
 
-    rows: list[Row] = []
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.intra_op_num_threads = threads
@@ -139,36 +147,51 @@ def bench_model(
     first = session.get_outputs()[0].name
     reference = session.run([first], c.feeds)[0]
 
+    runners: dict[str, Callable[[], Any]] = {}
+    errors: dict[str, float] = {}
+    stats: dict[str, RunStats] = {}
     base = tilefold.load(c.path)
     flops = matmul_flops(base)
     for label, transform in (variants or graph_variants()).items():
         exe = tilefold.compile(transform(base))
-        seconds = _time(lambda: exe(c.feeds), warmup, repeat)
-        stats = RunStats()
-        out = exe.run(c.feeds, stats=stats)
-        rows.append(Row(c.name, f"tilefold {label}", seconds, flops, _error(out[first], reference), stats.per_op))
-        del exe
-
+        name = f"tilefold {label}"
+        errors[name] = _error(exe(c.feeds)[first], reference)
+        stats[name] = RunStats()  # accumulates over the timed runs; costs ~1 us a node
+        runners[name] = lambda exe=exe, st=stats[name]: exe.run(c.feeds, stats=st)
     if "onnxruntime" in peers:
-        seconds = _time(lambda: session.run(None, c.feeds), warmup, repeat)
-        rows.append(Row(c.name, "onnxruntime", seconds, flops, 0.0))
-    del session
+        runners["onnxruntime"] = lambda: session.run(None, c.feeds)
+        errors["onnxruntime"] = 0.0
 
+    torch_threads = None
     if "eager" in peers:
         import torch
 
-        previous = torch.get_num_threads()
+        torch_threads = torch.get_num_threads()
         torch.set_num_threads(threads)
-        try:
-            module = c.eager()
-            feeds = {k: torch.from_numpy(v) for k, v in c.feeds.items()}
+        module = c.eager()
+        torch_feeds = {k: torch.from_numpy(v) for k, v in c.feeds.items()}
+
+        def eager() -> Any:
             with torch.no_grad():
-                seconds = _time(lambda: c.torch_call(module, feeds), warmup, repeat)
-                out = c.torch_call(module, feeds).numpy()
-            rows.append(Row(c.name, "eager pytorch", seconds, flops, _error(out, reference)))
-        finally:
-            torch.set_num_threads(previous)
-    return rows
+                return c.torch_call(module, torch_feeds)
+
+        errors["eager pytorch"] = _error(eager().numpy(), reference)
+        runners["eager pytorch"] = eager
+    try:
+        for run in runners.values():
+            for _ in range(warmup):
+                run()
+        for st in stats.values():
+            st.per_op.clear()
+        times = time_interleaved(runners, repeat=repeat, gap=gap)
+    finally:
+        if torch_threads is not None:
+            torch.set_num_threads(torch_threads)
+    return [
+        Row(c.name, label, seconds, flops, errors[label],
+            {op: sec / repeat for op, sec in stats[label].per_op.items()} if label in stats else {})
+        for label, seconds in times.items()
+    ]
 
 
 def format_table(rows: Sequence[Row]) -> str:
@@ -185,7 +208,7 @@ def format_table(rows: Sequence[Row]) -> str:
             err = f"{r.error:.1e}" if r.error is not None else "-"
             gflops = r.flops / (r.ms * 1e-3) / 1e9
             lines.append(f"{r.model:<10}{r.runner:<22}{r.ms:>10.1f}{gflops:>9.1f}{vs_ort:>10}{vs_eager:>9}{err:>13}")
-        lines.append(f"{'':<10}({r.flops / 1e9:.1f} GFLOP per run)")
+        lines.append(f"{'':<10}({group[0].flops / 1e9:.2f} GFLOP per run)")
     return "\n".join(lines)
 
 
@@ -196,7 +219,7 @@ def format_top_ops(rows: Sequence[Row], top: int = 8) -> str:
         if not r.per_op:
             continue
         total = sum(r.per_op.values())
-        lines.append(f"{r.model} / {r.runner}: top ops ({1e3 * total:.1f} ms in kernels)")
+        lines.append(f"{r.model} / {r.runner}: top ops, mean per run ({1e3 * total:.1f} ms in kernels)")
         for op, sec in sorted(r.per_op.items(), key=lambda kv: -kv[1])[:top]:
             lines.append(f"  {op:<22}{1e3 * sec:>9.1f} ms{100 * sec / total:>7.1f}%")
     return "\n".join(lines)
@@ -208,6 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=10, help="timed runs per runner (median reported)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op and torch threads")
+    parser.add_argument("--gap", type=float, default=0.1, help="idle seconds before each timed call")
     parser.add_argument("--graph", default=None, help=f"tilefold graph variants (default: all of {', '.join(graph_variants())})")
     parser.add_argument("--peers", default="onnxruntime,eager", help="peers to time: onnxruntime, eager")
     parser.add_argument("--top", type=int, default=8, help="tilefold ops to list per model")
@@ -227,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[Row] = []
     for name in args.models.split(","):
         rows += bench_model(case(name, args.cache_dir), repeat=args.repeat, warmup=args.warmup,
-                            threads=args.threads, variants=variants, peers=peers)
+                            threads=args.threads, gap=args.gap, variants=variants, peers=peers)
     print(format_table(rows))
     print()
     print(format_top_ops(rows, args.top))

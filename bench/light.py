@@ -96,7 +96,9 @@ def randomize_splat_weights(model: onnx.ModelProto, rng: np.random.Generator) ->
 
     Scales keep activations of order one through 50+ layers: He-uniform weights
     (std sqrt(2 / fan_in)), biases and BatchNorm means ~N(0, 0.1), gains ~U(0.8, 1.2)
-    and variances ~U(0.5, 1.5); a BatchNorm then multiplies by ~1 on average.
+    and variances ~U(0.5, 1.5), so that a BatchNorm multiplies by ~1 on average. The gain
+    of a BatchNorm that ends a residual branch is ~U(0.2, 0.3) (as in "zero-gamma" residual
+    init), else each residual sum would double the variance: 1e4 x growth over ResNet-50.
     """
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}

@@ -20,14 +20,15 @@ from onnx import helper, inliner, shape_inference, version_converter
 
 from ..graph.errors import ModelError, UnsupportedOpError
 from ..graph.registry import CANONICAL_OPSET
-from .onnx_fold import folded_values, without_folded_nodes
+from .onnx_fold import folded_values, static_shapes, without_folded_nodes
 from .onnx_read import node_label
 from .onnx_values import DEFAULT_DOMAINS
 
 MIN_OPSET = 9
 STRIP_BYTES = 1 << 20
+FOLD_ROUNDS = 4
 # `/project/onnx/.../convert.h:96: assertInVersionRange: Assertion `...` failed: ` before onnx's message
-_SOURCE_PREFIX = re.compile(r"^(\S+\.(h|cc|cpp):\d+:\s*)?(\w+:\s*)?(Assertion `.*` failed:\s*)?")
+_SOURCE_PREFIX = re.compile(r"^(\S+\.(h|cc|cpp):\d+:\s*)?(.*?Assertion `.*` failed:\s*)?")
 
 
 def default_opset(model: onnx.ModelProto) -> int | None:
@@ -180,13 +181,20 @@ def convert(model: onnx.ModelProto, label: str) -> onnx.ModelProto:
 def infer_shapes(model: onnx.ModelProto, label: str) -> onnx.ModelProto:
     """onnx shape inference with data propagation, through folded constant arithmetic.
 
-    Runs on a copy with constant subexpressions folded (onnx_fold); the types found are
-    written into the model's value_info and graph outputs, and the model is returned.
+    Inference alternates with folding (onnx_fold) until no new value folds, at most
+    `FOLD_ROUNDS` times: each round may make more shapes static, and so more Shape nodes
+    constant. The types found are written into the model's value_info and graph outputs.
     """
-    folded = folded_values(model)
+    inferred = _infer(model, label)
+    folded: dict = {}
+    for _ in range(FOLD_ROUNDS):
+        more = folded_values(model, static_shapes(inferred), folded)
+        if more.keys() <= folded.keys():
+            break
+        folded = more
+        inferred = _infer(without_folded_nodes(model, folded), label)
     if not folded:
-        return _infer(model, label)
-    inferred = _infer(without_folded_nodes(model, folded), label)
+        return inferred
     graph = model.graph
     del graph.value_info[:]
     graph.value_info.extend(inferred.graph.value_info)

@@ -131,7 +131,7 @@ def load_external_data(source: Source) -> None:
         _check_location(tensor, name, base, source.label)
     try:
         external_data_helper.load_external_data_for_model(source.model, source.base_dir)
-    except Exception as exc:  # the checks above should leave nothing for onnx to refuse
+    except Exception as exc:  # onnx also refuses symbolic links, even ones inside the folder
         raise ModelError(f"{source.label}: cannot load external data: {_first_line(exc)}") from None
 
 

@@ -150,8 +150,10 @@ class NumpyExecutable:
                         group_last.get(groups.find(o), -1), last_use.get(o, -1)
                     )
             step = Step(node, run, ins, outs, ())
-            if kdef.views and ins and ins[0] >= 0 and outs[0] >= 0:
-                self._join(groups, group_last, ins[0], outs[0])
+            if kdef.views and ins and ins[0] >= 0:
+                for o in outs:
+                    if o >= 0:
+                        self._join(groups, group_last, ins[0], o)
             elif kdef.inplace and len(outs) == 1 and outs[0] >= 0:
                 self._choose_inplace(step, spec, groups, group_last, step_index)
             dying = [i for i in set(ins) if i >= 0 and last_use.get(i) == step_index and i not in pinned]
@@ -211,6 +213,13 @@ class NumpyExecutable:
     def run(self, feeds: Mapping[str, Any], stats: RunStats | None = None) -> dict[str, np.ndarray]:
         buffers = self._bind(feeds)
         start = time.perf_counter()
+        with np.errstate(all="ignore"):  # IEEE results (inf, nan) are the op's answer, not an error
+            self._loop(buffers, stats)
+        if stats is not None:
+            stats.seconds = time.perf_counter() - start
+        return {name: _owned(buffers[index]) for name, index in self._outputs}
+
+    def _loop(self, buffers: list[Any], stats: RunStats | None) -> None:
         for step in self.steps:
             args = [buffers[i] if i >= 0 else None for i in step.ins]
             t0 = time.perf_counter() if stats is not None else 0.0
@@ -230,9 +239,6 @@ class NumpyExecutable:
                     buffers[index] = array
             for index in step.frees:
                 buffers[index] = None
-        if stats is not None:
-            stats.seconds = time.perf_counter() - start
-        return {name: _owned(buffers[index]) for name, index in self._outputs}
 
     def _call(self, step: Step, args: list[Any]) -> Any:
         if step.inplace >= 0:

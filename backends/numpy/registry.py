@@ -8,8 +8,8 @@ scales) happens once. Missing optional inputs arrive as None.
 Two declarations let the executor manage memory safely:
 - `inplace`: the kernel is elementwise and accepts `out=`, a buffer the executor hands
   over when an input of the result's shape and dtype dies at this node;
-- `views`: the result may share memory with input 0 (reshape, squeeze, transpose, slice,
-  identity). A kernel that may return a view and does not say so is a bug, caught by the
+- `views`: the results may share memory with input 0 (reshape, squeeze, transpose, slice,
+  split, identity). A kernel that may return a view and does not say so is a bug, caught by the
   executor's `debug` mode.
 """
 from __future__ import annotations

@@ -57,10 +57,6 @@ EXCLUDED: list[tuple[str, str, tuple[type[TilefoldError], ...]]] = [
     # Variants that exist only after opset 21, which the canonical opset cannot express.
     (r"^test_mod_\w*fmod_0", "Mod on floats with fmod=0 (opset 28)", (ModelError,)),
     (r"^test_range_float16", "Range on float16 (opset 27)", (ModelError,)),
-    # Values whose rank depends on run-time data, which the frontend cannot type.
-    (r"^test_rms_normalization_\w+_expanded$", "ReduceMean over axes computed at run time", (ModelError,)),
-    (r"^test_rotary_embedding_\w*interleaved\w*_expanded$", "Reshape to a run-time shape of unknown length",
-     (ModelError,)),
 ]
 
 RELABEL_TO_21 = {

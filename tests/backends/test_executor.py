@@ -125,3 +125,21 @@ def test_symbolic_dims_must_agree_across_inputs():
     assert ok["y"].shape == (3, 2)
     with pytest.raises(InputError, match="n = 3 in another input"):
         exe({"a": np.ones((3, 2), np.float32), "b": np.ones((4, 2), np.float32)})
+
+
+def test_no_in_place_into_a_later_split_part_while_the_split_input_is_read():
+    g = Graph()
+    x = g.add_input("x", t(2, 6))
+    e = Value(g.add_node("Exp", [x], [t(2, 6)], name="e").name)
+    sizes = g.add_constant(np.array([3, 3], np.int64))
+    split = g.add_node("Split", [e, sizes], [t(2, 3), t(2, 3)], {"axis": 1}, name="split")
+    # Neg reads part 1 for the last time, but part 1 is a view of e, which is an output.
+    n = Value(g.add_node("Neg", [Value(split.name, 1)], [t(2, 3)], name="neg").name)
+    g.add_output(n, "neg")
+    g.add_output(e, "exp")
+    exe = NumpyExecutable(g, debug=True)
+    assert exe.steps[-1].inplace == -1
+    x_val = RNG.standard_normal((2, 6)).astype(np.float32)
+    out = exe({"x": x_val})
+    np.testing.assert_allclose(out["exp"], np.exp(x_val), rtol=1e-6)
+    np.testing.assert_allclose(out["neg"], -np.exp(x_val[:, 3:]), rtol=1e-6)

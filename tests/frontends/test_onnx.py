@@ -327,3 +327,19 @@ def test_progress_bar_goes_to_stderr(capsys, conv_block):
     load_onnx(conv_block(21), progress=True)
     captured = capsys.readouterr()
     assert "node" in captured.err and captured.out == ""
+
+
+def test_shapes_computed_from_static_shapes_are_followed():
+    """ReduceMean's axes come from Range(1, Size(Shape(x))): onnx alone loses the result's rank."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])
+    one = numpy_helper.from_array(np.array(1, np.int64), "one")
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]), helper.make_node("Size", ["shape"], ["rank"]),
+             helper.make_node("Range", ["one", "rank", "one"], ["axes"]),
+             helper.make_node("ReduceMean", ["x", "axes"], ["y"], keepdims=0)]
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [one]),
+        opset_imports=[helper.make_opsetid("", 21)])
+    graph = load_onnx(model)
+    assert onnx_op_counts(graph) == {"Shape": 1, "Size": 1, "Range": 1, "ReduceMean": 1}  # nothing folded away
+    assert graph.type_of(graph.output_values()[0]) == TensorType((2,), F32)
+    verify_graph(graph)

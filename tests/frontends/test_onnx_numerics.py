@@ -118,3 +118,20 @@ def test_a_torch_transformer_export_with_dynamic_axes_matches_onnxruntime():
     assert graph.input_types()["x"].shape == ("batch", "seq", 32)
     feeds = random_feeds(model, np.random.default_rng(5), {"batch": 2, "seq": 5})
     assert_same_outputs(graph, model, feeds)
+
+
+def test_a_model_whose_shapes_need_folding_matches_onnxruntime():
+    """Reshape to [rank(x) mod 2, -1]: onnx's data propagation stops at Mod, folding does not."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])
+    consts = [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in (("zero", [0]), ("two", 2), ("minus", [-1]))]
+    nodes = [helper.make_node("Shape", ["x"], ["shape"]), helper.make_node("Size", ["shape"], ["rank"]),
+             helper.make_node("Unsqueeze", ["rank", "zero"], ["rank1"]),
+             helper.make_node("Mod", ["rank1", "two"], ["odd"]),
+             helper.make_node("Concat", ["odd", "minus"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["y"])]
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], consts),
+        opset_imports=[helper.make_opsetid("", 21)])
+    graph = load_onnx(model)
+    assert graph.type_of(graph.output_values()[0]).shape == (1, 24)
+    assert_same_outputs(graph, model, random_feeds(model, np.random.default_rng(11)))

@@ -54,11 +54,6 @@ def const_ints(spec: KernelSpec, index: int) -> list[int] | None:
     return None if value is None else [int(v) for v in np.asarray(value).reshape(-1)]
 
 
-def input_rank(spec: KernelSpec, index: int = 0) -> int | None:
-    t = spec.in_types[index] if index < len(spec.in_types) else None
-    return None if t is None else t.rank
-
-
 def norm_axes(axes: Sequence[int], rank: int) -> tuple[int, ...]:
     return tuple(int(a) % rank if rank else 0 for a in axes)
 
@@ -119,20 +114,65 @@ def window_geometry(
     return Window(tuple(begin), tuple(end), tuple(extra), tuple(out), tuple(kernel), strides, dilations)
 
 
+def pad(x: np.ndarray, widths: Sequence[tuple[int, int]], value: Any = 0) -> np.ndarray:
+    """Constant padding with non-negative widths; np.pad does the same in several more passes."""
+    shape = tuple(n + b + e for n, (b, e) in zip(x.shape, widths))
+    out = np.empty(shape, x.dtype)
+    out[tuple(slice(b, b + n) for n, (b, _) in zip(x.shape, widths))] = x
+    for axis, (b, e) in enumerate(widths):
+        lead = (slice(None),) * axis
+        if b:
+            out[lead + (slice(0, b),)] = value
+        if e:
+            out[lead + (slice(shape[axis] - e, None),)] = value
+    return out
+
+
+def padded(x: np.ndarray, geo: Window, pad_value: Any = 0) -> np.ndarray:
+    """`x` with the window's pads (and ceil_mode's extra end padding) on its trailing dims."""
+    if not geo.padded:
+        return x
+    nd = len(geo.kernel)
+    widths = [(0, 0)] * (x.ndim - nd) + [
+        (b, e + extra) for b, e, extra in zip(geo.pads_begin, geo.pads_end, geo.extra_end)
+    ]
+    return pad(x, widths, pad_value)
+
+
 def windows(x: np.ndarray, geo: Window, pad_value: Any = 0) -> np.ndarray:
     """A strided view (N, C, *out, *kernel) of every window of `x` (padded first if needed)."""
     nd = len(geo.kernel)
-    if geo.padded:
-        widths = [(0, 0)] * (x.ndim - nd) + [
-            (b, e + x_) for b, e, x_ in zip(geo.pads_begin, geo.pads_end, geo.extra_end)
-        ]
-        x = np.pad(x, widths, constant_values=pad_value)
+    x = padded(x, geo, pad_value)
     spatial_axes = tuple(range(x.ndim - nd, x.ndim))
     view = np.lib.stride_tricks.sliding_window_view(x, geo.effective, axis=spatial_axes)
     index = (slice(None),) * (x.ndim - nd)
     index += tuple(slice(0, max((o - 1) * s + 1, 0), s) for o, s in zip(geo.out_shape, geo.strides))
     index += tuple(slice(None, None, d) for d in geo.dilations)
     return view[index]
+
+
+def window_reduce(x: np.ndarray, geo: Window, ufunc: np.ufunc, pad_value: Any = 0,
+                  dtype: np.dtype | None = None) -> np.ndarray:
+    """`ufunc` folded over every window (max or sum pooling), one spatial axis at a time:
+    a k1 x k2 window costs k1 + k2 - 2 ufunc passes instead of k1 * k2 - 1."""
+    nd = len(geo.kernel)
+    acc = padded(x, geo, pad_value)
+    if dtype is not None and acc.dtype != dtype:
+        acc = acc.astype(dtype)
+    for d in range(nd):
+        axis = acc.ndim - nd + d
+        k, s, dil, out = geo.kernel[d], geo.strides[d], geo.dilations[d], geo.out_shape[d]
+
+        def tap(j: int) -> np.ndarray:
+            index = [slice(None)] * acc.ndim
+            index[axis] = slice(j * dil, j * dil + max((out - 1) * s + 1, 0), s)
+            return acc[tuple(index)]
+
+        folded = tap(0).copy() if k == 1 else ufunc(tap(0), tap(1))
+        for j in range(2, k):
+            ufunc(folded, tap(j), out=folded)
+        acc = folded
+    return acc
 
 
 def prod(values: Sequence[int]) -> int:

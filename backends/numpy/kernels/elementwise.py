@@ -3,8 +3,9 @@ comparisons and logic, Where, Clip, Cast, CastLike and Identity.
 
 Every kernel here but Cast, CastLike and Identity is declared `inplace`: `run(*inputs,
 out=None)` writes into `out` when the executor hands over a dying input buffer of the
-result's shape and dtype (`out` may therefore be the very object of one of the inputs),
-and otherwise returns a fresh array. Results always have the node's declared dtype.
+result's shape and dtype (so `out` may be the buffer of one of the inputs), and otherwise
+returns a fresh array. Results always have the node's declared dtype; float16 math that
+NumPy or SciPy would lose precision on (or lacks loops for) runs in float32.
 """
 from __future__ import annotations
 
@@ -55,28 +56,36 @@ def erf_float32(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return np.divide(numerator, _horner(x2, _ERF_DENOMINATOR), out=out)
 
 
+def _in_float32(fn: Unary, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """fn computed in float32 on a float16 input, the result cast back (into `out` if given)."""
+    result = fn(x.astype(np.float32), None).astype(x.dtype)
+    if out is None:
+        return result
+    out[...] = result
+    return out
+
+
 def erf(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """erf in the dtype of `x`: the float32 rational function, scipy's double one for float64."""
     if x.dtype == np.float64:
         return scipy.special.erf(x, out=out)
     if x.dtype == np.float32:
         return erf_float32(x, out)
-    result = erf_float32(x.astype(np.float32)).astype(x.dtype)
-    if out is None:
-        return result
-    out[...] = result
-    return out
+    return _in_float32(erf_float32, x, out)
 
 
-def _special(fn: np.ufunc, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-    """A scipy.special ufunc, which has float32/float64 loops only, on any float dtype."""
-    if x.dtype in (np.float32, np.float64):
-        return fn(x, out=out)
-    result = fn(x.astype(np.float32)).astype(x.dtype)
-    if out is None:
-        return result
-    out[...] = result
-    return out
+def _sigmoid(x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """1 / (1 + exp(-x)): four SIMD passes, relatively accurate for very negative x too
+    (scipy's expit is as accurate but several times slower on float32)."""
+    if x.dtype == np.float64:
+        return scipy.special.expit(x, out=out)
+    if x.dtype != np.float32:
+        return _in_float32(_sigmoid, x, out)
+    y = np.negative(x, out=out)
+    with np.errstate(over="ignore"):  # exp overflows to inf for x < -88: 1 / inf = 0
+        np.exp(y, out=y)
+    y += 1
+    return np.reciprocal(y, out=y)
 
 
 def _leaky_relu(alpha: float) -> Unary:
@@ -133,10 +142,6 @@ def _elu(alpha: float) -> Unary:
     return run
 
 
-def _sigmoid(x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-    return _special(scipy.special.expit, x, out)
-
-
 def _is_inf(positive: bool, negative: bool) -> Unary:
     def run(x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         if positive and negative:
@@ -189,11 +194,11 @@ def _register_unary(op: str, make: Callable[[dict[str, Any]], Unary]) -> None:
     @kernel(op, inplace=True)
     def build(spec: KernelSpec) -> Run:
         check_dtypes(spec)
-        fn = make(spec.attrs)
         if op == "Gelu" and spec.attrs.get("approximate", "none") not in ("none", "tanh"):
             raise UnsupportedOpError(
                 f"{where(spec.node)}: Gelu approximate={spec.attrs['approximate']!r} is not 'none' or 'tanh'"
             )
+        fn = make(spec.attrs)
 
         def run(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
             return as_array(fn(x, out))
@@ -206,13 +211,19 @@ for _op, _make in UNARY.items():
 
 
 # ---- binary ----------------------------------------------------------------------------
+def same(out: np.ndarray, x: Any) -> bool:
+    """Whether `out` is the buffer of input `x` (the executor's in-place hand-over), by
+    memory rather than identity, so a caller may pass matching views of both."""
+    return out is x or (isinstance(x, np.ndarray) and x.shape == out.shape and np.may_share_memory(out, x))
+
+
 def _select(mask: np.ndarray, a: Any, b: Any, out: np.ndarray | None) -> np.ndarray:
-    """`where(mask, a, b)` written into `out`, which may be the object of a, b or mask."""
+    """`where(mask, a, b)` written into `out`, which may be the buffer of a, b or mask."""
     if out is None:
         return np.where(mask, a, b)
-    if out is a:
+    if same(out, a):
         np.copyto(out, b, where=np.logical_not(mask))
-    elif out is b:
+    elif same(out, b):
         np.copyto(out, a, where=mask)
     else:
         out[...] = np.where(mask, a, b)
@@ -255,7 +266,7 @@ def _power(dtype: np.dtype) -> Callable:
 
 def _prelu(x: np.ndarray, slope: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     negative = np.less(x, 0)
-    if out is x:
+    if out is not None and same(out, x):
         return np.multiply(x, slope, out=out, where=negative)
     return _select(negative, np.multiply(x, slope), x, out)
 
@@ -309,12 +320,11 @@ def _register_variadic(op: str, ufunc: np.ufunc, mean: bool = False) -> None:
         def run(*xs: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
             if out is None:
                 out = np.empty(np.broadcast_shapes(*(x.shape for x in xs)), dtype)
-                order = list(xs)
-            else:  # read the input that `out` is before anything overwrites it
-                first = next(i for i, x in enumerate(xs) if x is out)
-                order = [xs[first], *xs[:first], *xs[first + 1:]]
+            # read the input that `out` is, if any, before anything overwrites it
+            first = next((i for i, x in enumerate(xs) if same(out, x)), 0)
+            order = [xs[first], *xs[:first], *xs[first + 1:]]
             if len(order) == 1:
-                if order[0] is not out:
+                if not same(out, order[0]):
                     np.copyto(out, order[0])
             else:
                 ufunc(order[0], order[1], out=out)
@@ -339,7 +349,7 @@ def _where(spec: KernelSpec) -> Run:
     check_dtypes(spec)
 
     def run(cond: np.ndarray, a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        if out is cond:  # a bool Where may be handed its condition's buffer
+        if out is not None and same(out, cond):  # a bool Where may be handed its condition's buffer
             out[...] = np.where(cond, a, b)
             return out
         return as_array(_select(cond, a, b, out))
@@ -356,7 +366,9 @@ def _clip(spec: KernelSpec) -> Run:
         if low is None and high is None:
             if out is None:
                 return x.copy()
-            return out  # `out` is x itself: the only input of the result's shape
+            if not same(out, x):
+                np.copyto(out, x)
+            return out
         return as_array(np.clip(x, low, high, out=out))
 
     return run

@@ -1,7 +1,9 @@
-"""BLAS-backed kernels: MatMul, Gemm and N-d Conv (im2col + one batched GEMM over groups).
+"""BLAS-backed kernels: MatMul, Gemm and N-d Conv (im2col + one batched GEMM over groups;
+Winograd F(2x2, 3x3) for large enough 3x3 stride-1 convolutions).
 
 Constant weights are rearranged once, in the factory: Gemm's B transposed (and scaled by
-alpha) into a contiguous (K, N) matrix, Conv's W into GEMM form (groups, F/g, C/g * prod(k)).
+alpha) into a contiguous (K, N) matrix, Conv's W into GEMM form (groups, F/g, C/g * prod(k))
+and, where Winograd applies, into its transformed form (16, F, C).
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import numpy as np
 
 from ..registry import KernelSpec, Run, kernel
 from .common import check_dtypes, prod, unsupported, window_geometry, windows
+from .winograd import weight_transform, winograd_conv
 
 
 def blasable(m: np.ndarray) -> np.ndarray:
@@ -28,8 +31,15 @@ def blasable(m: np.ndarray) -> np.ndarray:
     return m if rows or cols else np.ascontiguousarray(m)
 
 
+def wide(x: np.ndarray) -> np.ndarray:
+    """float16 as float32: BLAS has no float16 GEMM, and NumPy's own loop is ~100x slower."""
+    return x.astype(np.float32) if x.dtype == np.float16 else x
+
+
 def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """np.matmul on BLAS-ready operands, as one GEMM when a stack of rows meets one matrix."""
+    if a.dtype == np.float16:
+        return matmul(wide(a), wide(b)).astype(np.float16)
     a, b = blasable(a), blasable(b)
     if b.ndim == 2 and a.ndim > 2 and a.flags.c_contiguous:
         rows = np.matmul(a.reshape(-1, a.shape[-1]), b)
@@ -42,8 +52,8 @@ def _matmul(spec: KernelSpec) -> Run:
     check_dtypes(spec)
     weight = spec.const_array(1)
     if weight is not None and weight.ndim == 2:
-        weight = np.ascontiguousarray(weight)
-        return lambda a, _b: matmul(a, weight)
+        weight = np.ascontiguousarray(wide(weight))
+        return lambda a, _b: matmul(a, weight).astype(a.dtype, copy=False)
     return matmul
 
 
@@ -73,9 +83,9 @@ def _gemm(spec: KernelSpec) -> Run:
     def run(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> np.ndarray:
         a = a.T if trans_a else a
         if weight is not None:
-            y, s = np.matmul(a, weight), scale
+            y, s = matmul(a, weight), scale
         else:
-            y, s = np.matmul(a, b.T if trans_b else b), alpha
+            y, s = matmul(a, b.T if trans_b else b), alpha
         if s != 1.0:
             np.multiply(y, s, out=y, casting="unsafe")
         if c is not None and beta != 0.0:
@@ -124,6 +134,28 @@ def conv(x: np.ndarray, wmat: np.ndarray, kernel_shape: tuple[int, ...], attrs: 
     return y
 
 
+def _winograd_applies(spec: KernelSpec, kernel_shape, groups: int) -> bool:
+    """3x3, stride 1, undilated, ungrouped 2-D float convolution: what winograd_conv computes."""
+    attrs = spec.attrs
+    x_type = spec.in_types[0]
+    return (
+        kernel_shape is not None and tuple(kernel_shape) == (3, 3) and groups == 1
+        and tuple(attrs.get("strides") or (1, 1)) == (1, 1)
+        and tuple(attrs.get("dilations") or (1, 1)) == (1, 1)
+        and x_type is not None and x_type.dtype in (np.float32, np.float64)
+    )
+
+
+def _worth_winograd(x: np.ndarray, f: int, geo) -> bool:
+    """Enough tiles and channels for the transforms to cost less than the multiplications they save."""
+    tiles = x.shape[0] * -(-geo.out_shape[0] // 2) * -(-geo.out_shape[1] // 2)
+    return tiles >= _WINOGRAD_MIN_TILES and min(x.shape[1], f) >= _WINOGRAD_MIN_CHANNELS
+
+
+_WINOGRAD_MIN_TILES = 36  # a 14x14 output has 49 tiles and gains; 7x7 (16 tiles) loses
+_WINOGRAD_MIN_CHANNELS = 16
+
+
 @kernel("Conv")
 def _conv(spec: KernelSpec) -> Run:
     check_dtypes(spec)
@@ -136,12 +168,23 @@ def _conv(spec: KernelSpec) -> Run:
         kernel_attr = tuple(w_type.shape[2:])
     if attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"):
         raise unsupported(spec, f"Conv auto_pad={attrs['auto_pad']!r} is not supported")
-    wmat = conv_weight_matrix(weight, groups) if weight is not None else None
+    wmat = conv_weight_matrix(wide(weight), groups) if weight is not None else None
     bias_const = spec.const_array(2) if len(spec.consts) > 2 else None
+    winograd = _winograd_applies(spec, kernel_attr, groups)
+    wino_weight = weight_transform(weight) if winograd and weight is not None else None
 
     def run(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+        if x.dtype == np.float16:
+            return run(wide(x), w, b).astype(np.float16)
+        bias = bias_const if bias_const is not None else b
         kernel_shape = tuple(kernel_attr) if kernel_attr is not None else tuple(w.shape[2:])
-        matrix = wmat if wmat is not None else conv_weight_matrix(w, groups)
-        return conv(x, matrix, kernel_shape, attrs, bias_const if bias_const is not None else b)
+        if winograd:
+            geo = window_geometry(attrs, x.shape[2:], kernel_shape)
+            if _worth_winograd(x, w.shape[0], geo):
+                u = wino_weight if wino_weight is not None else weight_transform(w)
+                pads = (*geo.pads_begin, *geo.pads_end)
+                return winograd_conv(x, u, pads, bias)
+        matrix = wmat if wmat is not None else conv_weight_matrix(wide(w), groups)
+        return conv(x, matrix, kernel_shape, attrs, None if bias is None else wide(bias))
 
     return run

@@ -1,8 +1,8 @@
 """Neural-network kernels: normalizations, softmax, LRN, pooling and dropout (inference).
 
-Pooling reads a strided window view of the (padded) input and accumulates over the
-kernel offsets, so the Python loop runs over the few kernel positions, never over
-spatial positions or elements.
+Pooling folds np.maximum or np.add over strided views of the (padded) input, one spatial
+axis at a time, so the Python loop runs over the few kernel taps, never over spatial
+positions or elements. MaxPool's Indices output folds over every kernel offset instead.
 """
 from __future__ import annotations
 
@@ -12,16 +12,8 @@ from typing import Any
 import numpy as np
 
 from ..registry import KernelSpec, Run, kernel
-from .common import (Window, as_array, check_dtypes, prod, unsupported, view_of_first, window_geometry,
-                     windows)
-
-_LOOP_LIMIT = 64  # kernels with more offsets than this reduce the window view in one call
-
-
-def _axis(spec: KernelSpec, default: int) -> int | None:
-    rank = spec.in_types[0].rank if spec.in_types[0] is not None else None
-    axis = int(spec.attrs.get("axis", default))
-    return None if rank is None else axis % max(rank, 1)
+from .common import (Window, as_array, check_dtypes, pad, prod, unsupported, view_of_first, window_geometry,
+                     window_reduce, windows)
 
 
 # ---- normalization -----------------------------------------------------------------------
@@ -55,12 +47,13 @@ def _batch_norm(spec: KernelSpec) -> Run:
 
 @kernel("LayerNormalization")
 def _layer_norm(spec: KernelSpec) -> Run:
-    """Normalizes over axes [axis, rank) in the stash type (float32 by default), then scales and shifts."""
+    """Normalizes over axes [axis, rank), then scales and shifts. Mean and variance are
+    computed in the stash type (float32 by default) or the input's, whichever is wider."""
     check_dtypes(spec)
     eps = float(spec.attrs.get("epsilon", 1e-5))
     axis_attr = int(spec.attrs.get("axis", -1))
-    stash = np.float32 if int(spec.attrs.get("stash_type", 1)) == 1 else spec.out_types[0].dtype
     dtype = spec.out_types[0].dtype
+    stash = np.result_type(np.float32 if int(spec.attrs.get("stash_type", 1)) == 1 else dtype, dtype)
     stat_types = [t.dtype for t in spec.out_types[1:]]
 
     def run(x, scale, bias=None):
@@ -104,7 +97,7 @@ def _lrn(spec: KernelSpec) -> Run:
     def run(x):
         squares = np.square(x)
         widths = [(0, 0), (before, after)] + [(0, 0)] * (x.ndim - 2)
-        padded = np.pad(squares, widths)
+        padded = pad(squares, widths)
         channels = x.shape[1]
         total = np.zeros_like(squares)
         for k in range(size):
@@ -165,23 +158,17 @@ def _lowest(dtype: np.dtype) -> Any:
 
 def max_pool(x: np.ndarray, geo: Window, indices: bool = False, storage_order: int = 0):
     """Max over each window; with `indices`, also the flat NC* index of each maximum."""
+    if not indices:
+        return window_reduce(x, geo, np.maximum, pad_value=_lowest(x.dtype))
     view = windows(x, geo, pad_value=_lowest(x.dtype))
-    nd = len(geo.kernel)
-    if not indices and prod(geo.kernel) > _LOOP_LIMIT:
-        return view.max(axis=tuple(range(-nd, 0)))
     offsets = list(_offsets(geo))
     y = np.array(view[(...,) + offsets[0]])
-    best = np.zeros(y.shape, np.int64) if indices else None
+    best = np.zeros(y.shape, np.int64)
     for k, offset in enumerate(offsets[1:], start=1):
         candidate = view[(...,) + offset]
-        if indices:
-            better = np.greater(candidate, y)
-            best[better] = k
-            np.copyto(y, candidate, where=better)
-        else:
-            np.maximum(y, candidate, out=y)
-    if not indices:
-        return y
+        better = np.greater(candidate, y)  # strictly: the first maximum wins ties
+        best[better] = k
+        np.copyto(y, candidate, where=better)
     return y, _flat_indices(x.shape, geo, best, offsets, storage_order)
 
 
@@ -206,26 +193,16 @@ def _flat_indices(shape, geo: Window, best: np.ndarray, offsets: list, storage_o
 
 def average_pool(x: np.ndarray, geo: Window, count_include_pad: bool) -> np.ndarray:
     """Mean over each window; the divisor counts real elements (and explicit pads if asked)."""
-    acc_dtype = np.float32 if x.dtype == np.float16 else x.dtype
-    view = windows(x, geo, pad_value=0)
-    nd = len(geo.kernel)
-    if prod(geo.kernel) > _LOOP_LIMIT:
-        total = view.sum(axis=tuple(range(-nd, 0)), dtype=acc_dtype)
-    else:
-        offsets = list(_offsets(geo))
-        total = np.array(view[(...,) + offsets[0]], dtype=acc_dtype)
-        for offset in offsets[1:]:
-            total += view[(...,) + offset]
+    acc_dtype = np.dtype(np.float32) if x.dtype == np.float16 else x.dtype
+    total = window_reduce(x, geo, np.add, dtype=acc_dtype)
     if geo.padded:
+        nd = len(geo.kernel)
         mask = np.ones(x.shape[2:], acc_dtype)
-        if count_include_pad:
-            mask = np.pad(mask, list(zip(geo.pads_begin, geo.pads_end)), constant_values=1)
-            inner = Window((0,) * nd, (0,) * nd, geo.extra_end, geo.out_shape, geo.kernel,
-                           geo.strides, geo.dilations)
-            counts = windows(mask, inner).sum(axis=tuple(range(-nd, 0)))
-        else:
-            counts = windows(mask, geo).sum(axis=tuple(range(-nd, 0)))
-        total /= counts
+        if count_include_pad:  # explicit pads count, ceil_mode's extra padding does not
+            mask = pad(mask, list(zip(geo.pads_begin, geo.pads_end)), 1)
+            geo = Window((0,) * nd, (0,) * nd, geo.extra_end, geo.out_shape, geo.kernel,
+                         geo.strides, geo.dilations)
+        total /= window_reduce(mask, geo, np.add)
     else:
         total /= prod(geo.kernel)
     return total.astype(x.dtype, copy=False)

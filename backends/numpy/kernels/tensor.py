@@ -1,10 +1,9 @@
 """Shape and data-movement kernels.
 
 Reshape, Flatten, Transpose, Squeeze, Unsqueeze, Expand, Slice and Split return views of
-their data input (declared `views`): no bytes move until a consumer needs another layout.
-Split's outputs after the first are returned read-only, because the executor tracks the
-storage of output 0 only, so no later kernel may write into them in place. Everything
-else returns fresh arrays.
+their data input (declared `views`; the executor ties every output's storage to that
+input): no bytes move until a consumer needs another layout. Everything else returns
+fresh arrays.
 """
 from __future__ import annotations
 
@@ -148,6 +147,7 @@ def _split(spec: KernelSpec) -> Run:
     check_dtypes(spec)
     axis_attr = int(spec.attrs.get("axis", 0))
     count = int(spec.attrs.get("num_outputs", 0) or len(spec.out_types))
+    single = len(spec.out_types) == 1  # the executor takes a lone result as is, not a tuple
     present, fixed = _maybe_const(spec, 1)
 
     def run(x: np.ndarray, split: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
@@ -158,9 +158,7 @@ def _split(spec: KernelSpec) -> Run:
             part = -(-x.shape[axis] // count)
             sizes = [min(part, max(x.shape[axis] - part * i, 0)) for i in range(count)]
         parts = np.split(view_of_first(x, split), np.cumsum(sizes)[:-1], axis=axis)
-        for p in parts[1:]:
-            p.flags.writeable = False
-        return tuple(parts)
+        return parts[0] if single else tuple(parts)
 
     return run
 

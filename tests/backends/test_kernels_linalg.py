@@ -1,0 +1,157 @@
+"""MatMul, Gemm and Conv against onnxruntime, with weights both constant (prepared once by
+the factory) and computed at run time, on awkward shapes: 3 channels, odd spatial sizes,
+strides, dilations, asymmetric pads, auto_pad, groups and depthwise."""
+import numpy as np
+import pytest
+
+from tilefold.backends.numpy.kernels.common import window_geometry
+from tilefold.backends.numpy.kernels.linalg import conv, conv_weight_matrix
+
+F32 = np.float32
+
+
+def normal(rng, *shape):
+    return rng.standard_normal(shape).astype(F32)
+
+
+@pytest.mark.parametrize("a_shape, b_shape", [
+    ((3, 5), (5, 7)), ((2, 3, 5, 7), (7, 4)), ((5,), (5, 3)), ((3, 5), (5,)), ((5,), (5,)),
+    ((2, 1, 3, 4), (5, 4, 6)), ((1, 9, 6), (6, 2)), ((4, 3, 6), (4, 6, 5)),
+])
+@pytest.mark.parametrize("const_b", [False, True])
+def test_matmul_follows_numpy_semantics(check, rng, a_shape, b_shape, const_b):
+    check("MatMul", [normal(rng, *a_shape), normal(rng, *b_shape)], consts={1} if const_b else (), rtol=1e-5, atol=1e-5)
+
+
+def test_matmul_on_a_transposed_input_and_on_integers(check, rng):
+    check("MatMul", [rng.integers(-5, 5, (3, 4, 6)).astype(np.int32), rng.integers(-5, 5, (6, 2)).astype(np.int32)],
+          rtol=0, atol=0)
+    check("MatMul", [rng.integers(-5, 5, (2, 7)).astype(np.int64), rng.integers(-5, 5, (7, 3)).astype(np.int64)],
+          rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("trans_a, trans_b", [(0, 0), (1, 0), (0, 1), (1, 1)])
+@pytest.mark.parametrize("c_shape", [None, (), (7,), (5, 1), (5, 7)])
+@pytest.mark.parametrize("consts", [(), (1, 2)])
+def test_gemm_transposes_scales_and_broadcasts_c(check, rng, trans_a, trans_b, c_shape, consts):
+    a = normal(rng, *((9, 5) if trans_a else (5, 9)))
+    b = normal(rng, *((7, 9) if trans_b else (9, 7)))
+    c = None if c_shape is None else normal(rng, *c_shape)
+    attrs = {"transA": trans_a, "transB": trans_b, "alpha": 0.7, "beta": -1.3}
+    check("Gemm", [a, b, c], attrs, consts=[i for i in consts if i < 2 or c is not None], rtol=1e-5, atol=1e-5)
+
+
+def test_gemm_defaults(check, rng):
+    check("Gemm", [normal(rng, 4, 6), normal(rng, 6, 3), normal(rng, 3)], consts={1, 2}, rtol=1e-5, atol=1e-5)
+
+
+CONV_CASES = [
+    # (x shape, w shape, attrs)
+    ((1, 3, 11, 9), (5, 3, 3, 3), {}),
+    ((2, 3, 11, 9), (4, 3, 3, 3), {"pads": [1, 2, 0, 1], "strides": [2, 1]}),
+    ((1, 3, 13, 13), (6, 3, 5, 3), {"strides": [2, 3], "dilations": [1, 2], "pads": [2, 1, 2, 1]}),
+    ((1, 6, 9, 10), (4, 3, 3, 3), {"group": 2, "pads": [1, 1, 1, 1]}),
+    ((2, 6, 9, 7), (6, 2, 3, 3), {"group": 3, "strides": [2, 2]}),
+    ((1, 5, 10, 11), (10, 1, 3, 3), {"group": 5, "pads": [1, 1, 1, 1]}),  # depthwise, multiplier 2
+    ((2, 7, 8, 8), (7, 1, 5, 5), {"group": 7, "auto_pad": "SAME_UPPER", "strides": [2, 2]}),  # depthwise
+    ((1, 3, 10, 7), (4, 3, 4, 2), {"auto_pad": "SAME_LOWER", "strides": [3, 2]}),
+    ((1, 4, 9, 8), (5, 4, 3, 3), {"auto_pad": "VALID", "strides": [2, 2]}),
+    ((2, 8, 7, 5), (6, 8, 1, 1), {}),  # pointwise: a GEMM on the NCHW buffer
+    ((1, 8, 7, 5), (8, 2, 1, 1), {"group": 4}),  # grouped pointwise
+    ((1, 8, 9, 9), (4, 8, 1, 1), {"strides": [2, 2]}),  # strided pointwise
+    ((1, 4, 6, 6), (3, 4, 1, 1), {"pads": [1, 0, 0, 1]}),  # padded pointwise
+    ((2, 3, 17), (4, 3, 4), {"strides": [3], "pads": [2, 1]}),  # 1-D
+    ((1, 2, 5, 6, 7), (3, 2, 3, 2, 3), {"pads": [1, 0, 1, 1, 1, 0], "strides": [1, 2, 2]}),  # 3-D
+    ((1, 2, 5, 6, 4), (4, 1, 2, 3, 3), {"group": 2, "dilations": [2, 1, 1]}),  # grouped 3-D
+]
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", CONV_CASES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_conv_with_constant_weights(check, rng, x_shape, w_shape, attrs, bias):
+    args = [normal(rng, *x_shape), normal(rng, *w_shape)] + ([normal(rng, w_shape[0])] if bias else [])
+    check("Conv", args, attrs, consts={1, 2}, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", CONV_CASES[::3])
+def test_conv_with_weights_computed_at_run_time(check, rng, x_shape, w_shape, attrs):
+    check("Conv", [normal(rng, *x_shape), normal(rng, *w_shape), normal(rng, w_shape[0])], attrs,
+          rtol=1e-4, atol=1e-4)
+
+
+def test_conv_same_padding_with_dilations(check, rng):
+    # onnxruntime refuses dilations with auto_pad SAME_*; onnx.reference implements them
+    check("Conv", [normal(rng, 1, 3, 10, 7), normal(rng, 4, 3, 3, 2)], {"auto_pad": "SAME_UPPER", "dilations": [2, 2]},
+          consts={1}, rtol=1e-4, atol=1e-4, reference="onnx")
+
+
+def test_conv_with_explicit_kernel_shape_attribute(check, rng):
+    check("Conv", [normal(rng, 1, 3, 8, 8), normal(rng, 2, 3, 3, 3)], {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]},
+          consts={1}, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_returns_a_fresh_contiguous_nchw_array(rng):
+    x = normal(rng, 1, 3, 9, 9)
+    w = normal(rng, 4, 3, 3, 3)
+    y = conv(x, conv_weight_matrix(w, 1), (3, 3), {"strides": [2, 2]}, None)
+    assert y.shape == (1, 4, 4, 4) and y.flags.c_contiguous and not np.shares_memory(y, x)
+
+
+@pytest.mark.parametrize("size, kernel, attrs, expected", [
+    (10, 3, {}, ((0,), (0,), (8,))),
+    (10, 3, {"pads": [1, 2]}, ((1,), (2,), (11,))),
+    (10, 3, {"auto_pad": "SAME_UPPER", "strides": [3]}, ((1,), (1,), (4,))),
+    (10, 2, {"auto_pad": "SAME_UPPER", "strides": [3]}, ((0,), (1,), (4,))),
+    (10, 4, {"auto_pad": "SAME_LOWER"}, ((2,), (1,), (10,))),
+    (10, 3, {"auto_pad": "VALID", "strides": [2], "dilations": [2]}, ((0,), (0,), (3,))),
+])
+def test_window_geometry(size, kernel, attrs, expected):
+    geo = window_geometry(attrs, (size,), (kernel,))
+    assert (geo.pads_begin, geo.pads_end, geo.out_shape) == expected
+
+
+@pytest.mark.parametrize("n, c, f, h, w, pads", [
+    (1, 3, 4, 9, 8, (1, 1, 1, 1)), (2, 5, 7, 11, 6, (2, 1, 0, 3)), (1, 1, 1, 4, 4, (0, 0, 0, 0)),
+    (1, 2, 3, 5, 4, (3, 3, 3, 3)), (1, 6, 2, 8, 13, (0, 1, 1, 0)), (3, 4, 4, 7, 7, (1, 1, 1, 1)),
+])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("bias", [False, True])
+def test_winograd_matches_im2col(rng, n, c, f, h, w, pads, dtype, bias):
+    from tilefold.backends.numpy.kernels.winograd import weight_transform, winograd_conv
+
+    x = rng.standard_normal((n, c, h, w)).astype(dtype)
+    weights = rng.standard_normal((f, c, 3, 3)).astype(dtype)
+    b = rng.standard_normal(f).astype(dtype) if bias else None
+    expected = conv(x, conv_weight_matrix(weights, 1), (3, 3), {"pads": pads}, b)
+    got = winograd_conv(x, weight_transform(weights), pads, b)
+    assert got.shape == expected.shape and got.dtype == dtype and got.flags.c_contiguous
+    tolerance = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(got, expected, rtol=tolerance, atol=tolerance * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("x_shape, attrs, consts", [
+    ((1, 16, 14, 13), {"pads": [1, 1, 1, 1]}, {1, 2}),
+    ((2, 24, 12, 12), {"auto_pad": "SAME_UPPER"}, {1, 2}),
+    ((1, 16, 15, 16), {"pads": [0, 2, 1, 0]}, ()),
+])
+def test_large_3x3_convolutions_take_the_winograd_path(check, rng, monkeypatch, x_shape, attrs, consts):
+    from tilefold.backends.numpy.kernels import linalg
+
+    calls = []
+    original = linalg.winograd_conv
+    monkeypatch.setattr(linalg, "winograd_conv", lambda *a: calls.append(a[0].shape) or original(*a))
+    c = x_shape[1]
+    args = [normal(rng, *x_shape), normal(rng, 16, c, 3, 3) * 0.2, normal(rng, 16)]
+    check("Conv", args, attrs, consts=consts, rtol=1e-4, atol=1e-4)
+    assert calls == [x_shape]
+
+
+@pytest.mark.parametrize("const", [(), (1, 2)])
+def test_float16_linear_algebra_runs_in_float32_and_returns_float16(check, rng, const):
+    h = np.float16
+    check("MatMul", [normal(rng, 2, 5, 6).astype(h), normal(rng, 6, 3).astype(h)], consts=const[:1],
+          rtol=2e-3, atol=2e-3)
+    check("Gemm", [normal(rng, 4, 6).astype(h), normal(rng, 3, 6).astype(h), normal(rng, 3).astype(h)],
+          {"transB": 1, "alpha": 0.5}, consts=const, rtol=2e-3, atol=2e-3)
+    check("Conv", [normal(rng, 1, 3, 7, 6).astype(h), normal(rng, 4, 3, 3, 3).astype(h), normal(rng, 4).astype(h)],
+          {"pads": [1, 1, 1, 1]}, consts=const, rtol=5e-3, atol=5e-3)

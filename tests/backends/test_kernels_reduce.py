@@ -1,0 +1,59 @@
+"""Reductions and ArgMax/ArgMin against onnxruntime: axes constant or computed at run
+time, keepdims, noop_with_empty_axes, integer dtypes, empty sets and ties."""
+import numpy as np
+import pytest
+
+OPS = ["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd"]
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("axes", [[1], [0, 2], [-1], [-3, 1], None])
+@pytest.mark.parametrize("keepdims", [0, 1])
+@pytest.mark.parametrize("const_axes", [False, True])
+def test_reductions_over_axes(check, rng, op, axes, keepdims, const_axes):
+    x = rng.uniform(0.5, 1.5, (3, 4, 5)).astype(np.float32)
+    args = [x] + ([] if axes is None else [np.array(axes, np.int64)])
+    check(op, args, {"keepdims": keepdims}, consts={1} if const_axes else (), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_reductions_keep_integer_dtypes(check, rng, op, dtype):
+    x = rng.integers(-4, 5, (3, 4, 2)).astype(dtype)
+    check(op, [x, np.array([0, 2], np.int64)], {"keepdims": 0}, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_empty_axes_with_noop_returns_the_input(check, rng, op):
+    x = rng.standard_normal((2, 3)).astype(np.float32)
+    check(op, [x, np.array([], np.int64)], {"noop_with_empty_axes": 1})
+    check(op, [x], {"noop_with_empty_axes": 1})
+
+
+@pytest.mark.parametrize("op, expected", [("ReduceSum", 0.0), ("ReduceProd", 1.0), ("ReduceMax", -np.inf),
+                                          ("ReduceMin", np.inf)])
+def test_reducing_an_empty_set_gives_the_identity(run, op, expected):
+    (y,) = run(op, [np.zeros((2, 0, 3), np.float32), np.array([1], np.int64)], {"keepdims": 1})
+    assert y.shape == (2, 1, 3) and y.dtype == np.float32
+    np.testing.assert_array_equal(y, np.full((2, 1, 3), expected, np.float32))
+
+
+@pytest.mark.parametrize("op", ["ReduceMax", "ReduceMin"])
+def test_max_and_min_reduce_booleans(run, rng, op):
+    x = rng.random((3, 5)) > 0.7
+    (y,) = run(op, [x, np.array([1], np.int64)], {"keepdims": 0})
+    assert y.dtype == np.bool_
+    np.testing.assert_array_equal(y, x.any(axis=1) if op == "ReduceMax" else x.all(axis=1))
+
+
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("keepdims", [0, 1])
+@pytest.mark.parametrize("last", [0, 1])
+def test_arg_reductions_with_ties(check, rng, op, axis, keepdims, last):
+    x = rng.integers(0, 3, (4, 5, 3)).astype(np.int32)  # many ties: select_last_index matters
+    check(op, [x], {"axis": axis, "keepdims": keepdims, "select_last_index": last}, rtol=0, atol=0)
+
+
+def test_arg_max_on_floats(check, rng):
+    check("ArgMax", [rng.standard_normal((3, 7)).astype(np.float32)], {"axis": 1})

@@ -1,0 +1,174 @@
+"""Shape and data-movement kernels against onnxruntime, with their shape-like inputs both
+constant and computed at run time."""
+import numpy as np
+import pytest
+
+I64 = np.int64
+
+
+def normal(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def ints(*values):
+    return np.array(values, I64)
+
+
+@pytest.mark.parametrize("shape, target, allowzero", [
+    ((2, 3, 4), (4, -1), 0), ((2, 3, 4), (0, 0, 2, 2), 0), ((2, 3, 4), (-1,), 0), ((2, 3, 4), (24, 1), 0),
+    ((2, 0, 4), (0, 4, 2), 1), ((2, 6), (0, 3, -1), 0),
+])
+@pytest.mark.parametrize("const", [False, True])
+def test_reshape(check, rng, shape, target, allowzero, const):
+    check("Reshape", [normal(rng, *shape), ints(*target)], {"allowzero": allowzero}, consts={1} if const else ())
+
+
+@pytest.mark.parametrize("axis", [0, 1, 2, 3, -1, -3])
+def test_flatten(check, rng, axis):
+    check("Flatten", [normal(rng, 2, 3, 4)], {"axis": axis})
+
+
+@pytest.mark.parametrize("perm", [None, (0, 2, 1, 3), (3, 1, 0, 2)])
+def test_transpose(check, rng, perm):
+    check("Transpose", [normal(rng, 2, 3, 4, 5)], {} if perm is None else {"perm": perm})
+
+
+@pytest.mark.parametrize("axes", [None, (1,), (-1, 1)])
+def test_squeeze(check, rng, axes):
+    args = [normal(rng, 3, 1, 4, 1)] + ([] if axes is None else [ints(*axes)])
+    check("Squeeze", args)
+
+
+@pytest.mark.parametrize("axes", [(0,), (2, 0), (-1,), (1, -1, 3)])
+@pytest.mark.parametrize("const", [False, True])
+def test_unsqueeze(check, rng, axes, const):
+    check("Unsqueeze", [normal(rng, 3, 4), ints(*axes)], consts={1} if const else ())
+
+
+@pytest.mark.parametrize("shape, target", [((3, 1), (2, 3, 4)), ((4,), (3, 1)), ((2, 1, 5), (1, 6, 1)), ((1,), ())])
+def test_expand_broadcasts_both_ways(check, rng, shape, target):
+    check("Expand", [normal(rng, *shape), ints(*target)])
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_concat(check, rng, axis):
+    shapes = [[2, 3, 4], [2, 3, 4], [2, 3, 4]]
+    for k, s in enumerate(shapes):
+        s[axis] = k + 1
+    check("Concat", [normal(rng, *s) for s in shapes], {"axis": axis})
+    check("Concat", [normal(rng, 2, 2)], {"axis": 0})
+
+
+@pytest.mark.parametrize("args, attrs", [
+    ((ints(2, 3, 2),), {"axis": 1}),
+    ((), {"axis": 1, "num_outputs": 3}),
+    ((), {"axis": -1, "num_outputs": 2}),
+    ((ints(7, 0),), {"axis": 1}),
+    ((ints(7),), {"axis": 1}),
+    ((), {"axis": 0, "num_outputs": 1}),
+])
+def test_split(check, rng, args, attrs):
+    sizes = args[0] if args else None
+    n_outputs = len(sizes) if sizes is not None else attrs["num_outputs"]
+    check("Split", [normal(rng, 2, 7, 3), *args], attrs, n_outputs=n_outputs)
+
+
+@pytest.mark.parametrize("starts, ends, axes, steps", [
+    ((1,), (3,), None, None),
+    ((0, 1), (-1, 1000), (1, 0), None),
+    ((-1, 10), (-1000, -100), (2, 1), (-1, -2)),
+    ((5,), (0,), (-1,), (-2,)),
+    ((2, -3), (9223372036854775807, -1), (0, 2), (3, 1)),
+    ((0,), (-9223372036854775808,), (1,), (-1,)),
+])
+@pytest.mark.parametrize("const", [False, True])
+def test_slice_clamps_like_onnx(check, rng, starts, ends, axes, steps, const):
+    args = [normal(rng, 7, 6, 5), ints(*starts), ints(*ends)]
+    if axes is not None:
+        args.append(ints(*axes))
+    if steps is not None:
+        args.append(ints(*steps))
+    check("Slice", args, consts=set(range(1, len(args))) if const else ())
+
+
+@pytest.mark.parametrize("indices, axis", [
+    (np.array([[0, 2], [-1, 1]], I64), 0), (np.array([3, -4, 0], I64), 1), (np.array(-2, I64), 2),
+    (np.array([1, 0], np.int32), -1),
+])
+def test_gather_with_negative_indices(check, rng, indices, axis):
+    check("Gather", [normal(rng, 4, 5, 3), indices], {"axis": axis})
+    check("Gather", [normal(rng, 4, 5, 3), indices], {"axis": axis}, consts={1})
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_gather_elements(check, rng, axis):
+    x = normal(rng, 3, 4, 5)
+    shape = list(x.shape)
+    shape[axis] = 2
+    indices = rng.integers(-x.shape[axis], x.shape[axis], shape).astype(I64)
+    check("GatherElements", [x, indices], {"axis": axis})
+
+
+@pytest.mark.parametrize("data_shape, indices, batch_dims", [
+    ((3, 4, 5), np.array([[0, 1], [2, -1]], I64), 0),
+    ((3, 4, 5), np.array([[1], [0], [2]], I64), 0),
+    ((3, 4, 5), np.array([[0, 1, 2]], I64), 0),
+    ((2, 4, 5), np.array([[1], [3]], I64), 1),
+    ((2, 3, 4, 5), np.array([[[1, 2], [0, 0]], [[2, 3], [1, 1]]], I64), 1),
+    ((2, 3, 4, 5), np.array([[[1], [3]], [[0], [2]], [[3], [3]]], I64).reshape(2, 3, 1)[:, :, :1], 2),
+])
+def test_gather_nd(check, rng, data_shape, indices, batch_dims):
+    check("GatherND", [normal(rng, *data_shape), indices], {"batch_dims": batch_dims})
+
+
+@pytest.mark.parametrize("repeats", [(1, 1, 1), (2, 1, 3), (1, 4, 1)])
+def test_tile(check, rng, repeats):
+    check("Tile", [normal(rng, 2, 3, 2), ints(*repeats)])
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "edge", "wrap"])
+@pytest.mark.parametrize("pads, axes", [
+    ((1, 0, 2, 2, 1, 0), None), ((0, 2, 1, 1), (1, -1)), ((1, -1, 0, 2, 0, -2), None), ((0, 0, 0, 0, 0, 0), None),
+])
+def test_pad(check, rng, mode, pads, axes):
+    args = [normal(rng, 3, 5, 4), ints(*pads), np.array(1.5, np.float32) if mode == "constant" else None]
+    if axes is not None:
+        args.append(ints(*axes))
+    check("Pad", args, {"mode": mode})
+
+
+def test_pad_on_integers_without_a_value(check, rng):
+    check("Pad", [rng.integers(0, 9, (2, 3)).astype(np.int32), ints(1, 0, 0, 2)])
+
+
+@pytest.mark.parametrize("upper", [0, 1])
+@pytest.mark.parametrize("k", [None, 0, 2, -1, -5])
+def test_trilu(check, rng, upper, k):
+    args = [normal(rng, 2, 4, 5)] + ([] if k is None else [np.array(k, I64)])
+    check("Trilu", args, {"upper": upper})
+
+
+@pytest.mark.parametrize("start, end", [(None, None), (1, None), (-2, None), (0, -1), (-10, 10), (2, 1)])
+def test_shape_slices_the_dims(check, rng, start, end):
+    attrs = {k: v for k, v in (("start", start), ("end", end)) if v is not None}
+    check("Shape", [normal(rng, 2, 3, 4)], attrs)
+
+
+def test_size(check, rng):
+    check("Size", [normal(rng, 2, 3, 4)])
+    check("Size", [normal(rng, 0, 3)])
+
+
+@pytest.mark.parametrize("value", [None, np.array([7], np.int32), np.array([-0.5], np.float64)])
+def test_constant_of_shape(check, value):
+    from onnx import numpy_helper
+
+    attrs = {} if value is None else {"value": numpy_helper.from_array(value)}
+    check("ConstantOfShape", [ints(2, 3)], attrs)
+
+
+@pytest.mark.parametrize("start, limit, delta, dtype", [
+    (0, 10, 3, I64), (10, -3, -4, np.int32), (1.5, 4.0, 0.4, np.float32), (5.0, 2.0, 1.0, np.float64),
+])
+def test_range(check, start, limit, delta, dtype):
+    check("Range", [np.array(start, dtype), np.array(limit, dtype), np.array(delta, dtype)], rtol=1e-6)
