@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-all bench clean
+.PHONY: setup demo test test-quick bench clean
 
 setup: $(STAMP)
 
@@ -20,11 +20,13 @@ demo: $(STAMP)
 	$(BIN)/tilefold inspect build/mlp.onnx
 	$(BIN)/tilefold run build/mlp.onnx --compare onnxruntime
 
+# Everything, the slow model-level tests included (about 2 minutes; what CI runs).
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 -q
-
-test-all: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q -m ''
+
+# The quick subset for development: slow model-level tests left out.
+test-quick: $(STAMP)
+	$(BIN)/python -m pytest -n 2 -q
 
 bench: $(STAMP)
 	$(BIN)/python -m tilefold.bench.cpu_models

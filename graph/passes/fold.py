@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import VerifyError, where
 from ..graph import CONSTANT, INPUT, OUTPUT, Graph, Node
 from ..registry import get, infer
-from ..types import ConstValue, Splat, TensorType, Value, type_of_constant
+from ..types import ConstValue, Splat, Value, type_of_constant
 from .pipeline import Evaluate, Pass, PassResult
 
 _SKIP = {INPUT, OUTPUT, CONSTANT}
