@@ -5,7 +5,7 @@ Modules by family: core (graph structure), elementwise, linalg (the anchors), nn
 shape-producing ops).
 """
 from . import core  # noqa: F401
-from . import elementwise, indexing, linalg, nn, reduce, tensor  # noqa: F401
+from . import elementwise, indexing, layout, linalg, nn, reduce, tensor  # noqa: F401
 
 ONNX_OPS: frozenset[str] = frozenset("""
 Relu LeakyRelu Sigmoid HardSigmoid HardSwish Tanh Erf Gelu Softplus Elu Sqrt Exp Log Neg Abs

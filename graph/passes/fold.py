@@ -53,6 +53,8 @@ def constant_folding(evaluate: Evaluate) -> Pass:
 
 def fold_node(graph: Graph, node: Node, evaluate: Evaluate) -> list[ConstValue] | None:
     """The constant results of `node`, or None when it cannot (or should not) be folded."""
+    if any(t.encoding is not None for t in node.outputs):
+        return None  # packed results are folded by layout/, which keeps their encodings
     inputs = graph.inputs_of(node.name)
     types = [graph.type_of(v) if v is not None else None for v in inputs]
     opdef = get(node.op, node)
