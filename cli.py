@@ -1,4 +1,5 @@
-"""The `tilefold` command: `run` a model on the CPU (optionally against onnxruntime), `inspect` it.
+"""The `tilefold` command: `run` a model on the CPU (optionally against onnxruntime), `inspect` it,
+`optimize` its layouts for a target and report the layout traffic.
 
 Every failure a user can cause prints one line `tilefold: error: ...` and exits 2; a
 `--compare` that finds outputs beyond the tolerances exits 1.
@@ -6,6 +7,7 @@ Every failure a user can cause prints one line `tilefold: error: ...` and exits 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -60,6 +62,21 @@ def _parser() -> argparse.ArgumentParser:
     inspect = sub.add_parser("inspect", help="summarize a model's graph")
     inspect.add_argument("model", help="an ONNX file")
     inspect.set_defaults(func=cmd_inspect)
+
+    opt = sub.add_parser("optimize", help="choose packed layouts for a target and report the layout traffic")
+    opt.add_argument("model", help="an ONNX file")
+    opt.add_argument("--target", default="cpu", help="a registered target (built in: cpu, gpu)")
+    opt.add_argument("--report", choices=["table", "json"], default="table",
+                     help="json: the report as JSON on stdout, nothing else")
+    opt.add_argument("--check", action="store_true",
+                     help="run the optimized and the unoptimized graph on random inputs; exit 1 if they differ")
+    opt.add_argument("--dim", action="append", default=[], metavar="SYMBOL=SIZE",
+                     help="size of a symbolic dim for --check's random inputs (default 1)")
+    opt.add_argument("--seed", type=int, default=0, help="seed of --check's random inputs")
+    opt.add_argument("--rtol", type=float, default=1e-4)
+    opt.add_argument("--atol", type=float, default=1e-5)
+    opt.add_argument("--verify", action="store_true", help="run the IR verifier after every pass")
+    opt.set_defaults(func=cmd_optimize)
     return parser
 
 
@@ -224,6 +241,70 @@ def summary_table(graph: Graph, has_kernel: Any) -> Table:
     names = sorted({n.attrs.get("onnx_op", "?") for n in fallback})
     table.add_row("via onnx.reference", ", ".join(names) if names else "none")
     table.add_row("no kernel", ", ".join(missing) if missing else "none")
+    return table
+
+
+# ---- optimize -------------------------------------------------------------------------
+def cmd_optimize(args: argparse.Namespace, console: Console) -> int:
+    import tilefold
+    from .layout.targets import get_target
+
+    get_target(args.target)  # an unknown target fails before the model is read
+    dims = _dims(args.dim)
+    start = time.perf_counter()
+    graph = tilefold.load(args.model, progress=sys.stderr.isatty())
+    load_seconds = time.perf_counter() - start
+    optimized = tilefold.optimize(graph, args.target, verify=args.verify)
+    report = optimized.report
+    report.load_seconds = load_seconds
+    ok, rows = True, []
+    if args.check:
+        ok, rows = check_outputs(graph, optimized.graph, dims, args.seed, args.rtol, args.atol)
+    if args.report == "json":
+        data = report.to_dict()
+        if args.check:
+            data["check"] = {"ok": ok, "rtol": args.rtol, "atol": args.atol, "seed": args.seed, "outputs": rows}
+        print(json.dumps(data, indent=2))
+    else:
+        console.print(report)
+        if args.check:
+            console.print(_check_table(rows, args.rtol, args.atol, ok))
+    return 0 if ok else EXIT_MISMATCH
+
+
+def check_outputs(
+    reference: Graph, optimized: Graph, dims: dict[str, int], seed: int, rtol: float, atol: float
+) -> tuple[bool, list[dict[str, Any]]]:
+    """Run both graphs on the NumPy backend with the same random inputs and compare outputs."""
+    import tilefold
+
+    feeds = make_inputs(reference, {}, dims, seed)
+    want = tilefold.compile(reference)(feeds)
+    got = tilefold.compile(optimized)(feeds)
+    ok, rows = True, []
+    for name, w in want.items():
+        g = got.get(name)
+        if g is None or g.shape != w.shape:
+            ok = False
+            rows.append({"output": name, "ok": False, "error": f"shape {None if g is None else g.shape} vs {w.shape}"})
+            continue
+        abs_err, rel_err = max_errors(g, w)
+        close = bool(np.allclose(g, w, rtol=rtol, atol=atol, equal_nan=True))
+        ok &= close
+        rows.append({"output": name, "ok": close, "max_abs_err": abs_err, "max_rel_err": rel_err})
+    return ok, rows
+
+
+def _check_table(rows: list[dict[str, Any]], rtol: float, atol: float, ok: bool) -> Table:
+    table = Table("output", "max abs err", "max rel err (to max |ref|)", "within rtol/atol",
+                  title="optimized against unoptimized (NumPy backend, same random inputs)",
+                  caption=f"rtol={rtol} atol={atol}: " + ("[green]match[/green]" if ok else "[red]MISMATCH[/red]"))
+    for r in rows:
+        if "error" in r:
+            table.add_row(escape(r["output"]), "-", "-", f"[red]{escape(r['error'])}[/red]")
+        else:
+            table.add_row(escape(r["output"]), f"{r['max_abs_err']:.3g}", f"{r['max_rel_err']:.3g}",
+                          "[green]yes[/green]" if r["ok"] else "[red]NO[/red]")
     return table
 
 

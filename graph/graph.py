@@ -96,12 +96,13 @@ class Graph:
         self.inputs.append(name)
         return Value(name)
 
-    def add_constant(self, value: ConstValue, name: str | None = None) -> Value:
+    def add_constant(self, value: ConstValue, name: str | None = None, type: TensorType | None = None) -> Value:
+        """A constant; `type` gives a packed constant its logical shape and encoding
+        (`value` is then the packed buffer, of the encoding's physical shape)."""
         if not isinstance(value, Splat):
             value = freeze(value)
-        node = self.add_node(
-            CONSTANT, [], [type_of_constant(value)], {"value": value}, name=name or "const"
-        )
+        declared = type if type is not None else type_of_constant(value)
+        node = self.add_node(CONSTANT, [], [declared], {"value": value}, name=name or "const")
         node.out_names = [node.name]
         return Value(node.name)
 

@@ -50,7 +50,8 @@ def _check_role(graph: Graph, node: Node) -> None:
     if node.op == CONSTANT:
         actual = type_of_constant(node.attrs["value"])
         declared = node.outputs[0]
-        if (actual.shape, actual.dtype) != (declared.shape, declared.dtype):
+        shape = declared.shape if declared.encoding is None else declared.encoding.physical_shape(declared.shape)
+        if (actual.shape, actual.dtype) != (tuple(shape), declared.dtype):
             raise VerifyError(f"{where(node)} holds {actual} but declares {declared}")
 
 

@@ -1,0 +1,38 @@
+"""Layout: packed encodings, targets (tiling policies), materialization and propagation.
+
+    result = optimize(graph, "cpu")   # LayoutResult: .before (every anchor wrapped), .after
+
+`before` is the graph right after materialization, with explicit Pack/Unpack around every
+anchor; `after` is the graph after propagation and folding. layout/report.py compares them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..graph import Graph
+from ..graph.passes.pipeline import PipelineLog
+
+
+@dataclass
+class LayoutResult:
+    before: Graph
+    after: Graph
+    target: str
+    log: PipelineLog = field(default_factory=PipelineLog)
+
+
+def optimize(graph: Graph, target: str = "cpu", *, verify: bool = False) -> LayoutResult:
+    """Choose the target's layouts for the anchors and fold the layout changes away.
+
+    `graph` is left unchanged; both returned graphs are new.
+    """
+    from .materialize import materialize
+    from .propagate import propagate
+    from .targets import get_target
+
+    chosen = get_target(target)
+    log = PipelineLog()
+    before = materialize(graph.copy(), chosen, verify=verify, log=log)
+    after = propagate(before.copy(), chosen, verify=verify, log=log)
+    after.meta["target"] = chosen.name
+    return LayoutResult(before, after, chosen.name, log)

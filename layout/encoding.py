@@ -78,6 +78,18 @@ class PackedEncoding:
     def is_padded(self, shape: Sequence[int]) -> bool:
         return tuple(self.padded_shape(shape)) != tuple(shape)
 
+    def is_trivial(self, shape: Sequence[Dim]) -> bool:
+        """True when the buffer holds `shape`'s elements in row-major order (no padding, and
+        only size-1 dims move): such an encoding is identity and is canonicalized away."""
+        if any(not isinstance(d, int) for d in shape):
+            return False
+        if self.is_padded(shape):  # type: ignore[arg-type]
+            return False
+        tiles = self.tiles()
+        order = [(d, 0) for d in self.outer_perm(len(shape)) if _outer_size(shape, d, tiles) != 1]
+        order += [(d, 1) for d, t in zip(self.inner_dims_pos, self.inner_tiles) if t != 1]
+        return order == sorted(order)
+
     # ---- algebra ------------------------------------------------------------------------
     def same_layout(self, other: object) -> bool:
         """Equal buffers for equal tensors (what the padding holds aside)."""
@@ -108,6 +120,15 @@ class PackedEncoding:
         perm = "" if self.outer_dims_perm is None else " outer=" + "".join(map(str, self.outer_dims_perm))
         pad = "" if not self.inner_tiles else (" pad=?" if self.pad is None else f" pad={self.pad:g}")
         return f"packed({tiles}{perm}{pad})"
+
+
+def _outer_size(shape: Sequence, d: int, tiles: dict[int, int]) -> int:
+    return _ceil_div(shape[d], tiles[d]) if d in tiles else shape[d]
+
+
+def canonical(enc: PackedEncoding | None, shape: Sequence[Dim]) -> PackedEncoding | None:
+    """None for an encoding that is identity on `shape` (see `is_trivial`)."""
+    return None if enc is None or enc.is_trivial(shape) else enc
 
 
 def _split_axes(enc: PackedEncoding, rank: int) -> tuple[list[int], dict[int, int], dict[int, int]]:

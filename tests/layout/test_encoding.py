@@ -96,3 +96,11 @@ def test_malformed_encodings_are_refused(args, message):
 def test_an_encoding_must_fit_the_rank():
     with pytest.raises(VerifyError, match="outside rank 2"):
         PackedEncoding((2,), (4,)).physical_shape((3, 3))
+
+
+@given(packed_case())
+@settings(max_examples=300, deadline=None)
+def test_a_trivial_encoding_keeps_the_element_order(case):
+    x, enc = case
+    same_order = pack(x, enc).size == x.size and np.array_equal(pack(x, enc).ravel(), x.ravel())
+    assert enc.is_trivial(x.shape) == same_order or (not enc.is_trivial(x.shape) and x.size <= 1)

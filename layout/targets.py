@@ -1,0 +1,123 @@
+"""Targets: tiling policies, one per kind of device, in a registry a user extends from Python.
+
+A target answers one question: for this anchor op (MatMul, Gemm, Conv) with these operand
+types, which encoding should each operand and the result have? Hardware facts (vector
+widths, kernel block sizes) live here and nowhere else.
+
+    class MyTarget(Target): ...
+    register_target(MyTarget("mine"))
+    tilefold.optimize(graph, target="mine")
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..graph.errors import TilefoldError
+from ..graph.graph import Node
+from ..graph.types import TensorType
+from .encoding import PackedEncoding, canonical
+
+NHWC = PackedEncoding((), (), (0, 2, 3, 1))
+"""Channels-last activations: buffer (N, H, W, C)."""
+RSCF = PackedEncoding((), (), (2, 3, 1, 0))
+"""Conv weights in GEMM form: buffer (R, S, C/group, F), i.e. a (R*S*C/group, F) matrix."""
+
+
+@dataclass(frozen=True)
+class AnchorLayout:
+    """Encodings an anchor wants: one per input slot (None = as is) and one for its result.
+
+    `reads_identity`: the anchor's kernel can also read operand 0 unpacked, doing the layout
+    change inside the kernel (a conv reading NCHW input and writing NHWC); propagation uses
+    it to absorb a Pack it cannot cancel.
+    """
+
+    operands: tuple[PackedEncoding | None, ...]
+    result: PackedEncoding | None
+    reads_identity: bool = False
+
+
+class Target:
+    """A tiling policy. Subclass and override `anchor_layout`."""
+
+    name = "base"
+    anchors: frozenset[str] = frozenset({"MatMul", "Gemm", "Conv"})
+
+    def __init__(self, name: str | None = None) -> None:
+        if name is not None:
+            self.name = name
+
+    def anchor_layout(self, node: Node, in_types: Sequence[TensorType | None]) -> AnchorLayout | None:
+        """The anchor's encodings, or None to leave it as it is."""
+        return None
+
+    def __repr__(self) -> str:
+        return f"<target {self.name}>"
+
+
+def _conv2d(node: Node, in_types: Sequence[TensorType | None]) -> bool:
+    x = in_types[0] if in_types else None
+    w = in_types[1] if len(in_types) > 1 else None
+    return node.op == "Conv" and x is not None and w is not None and x.rank == 4 and w.rank == 4
+
+
+class CpuTarget(Target):
+    """Tuned for the NumPy kernels: channels-last convolution (im2col copies whole channel
+    rows and 1x1 convs are GEMMs on the activation buffer, measured 49 ms against 62 ms over
+    ResNet-50's convs in NCHW), weights pre-packed as GEMM operands. MatMul and Gemm stay
+    row-major: BLAS reads either operand transposed at no cost."""
+
+    name = "cpu"
+
+    def anchor_layout(self, node: Node, in_types: Sequence[TensorType | None]) -> AnchorLayout | None:
+        if not _conv2d(node, in_types):
+            return None
+        result = node.outputs[0]
+        operands = (canonical(NHWC, in_types[0].shape), RSCF) + (None,) * (len(in_types) - 2)
+        return AnchorLayout(operands, canonical(NHWC, result.shape), reads_identity=True)
+
+
+class GpuTarget(Target):
+    """Tiles matching the Triton kernels' blocks: NCHWc16 convolution with weights tiled on
+    F and C, and mmt4d-style 2-D tiles for matmul operands (BLOCK 16 here; the Triton backend
+    reads these tiles as its block sizes)."""
+
+    name = "gpu"
+    block = 16
+
+    def anchor_layout(self, node: Node, in_types: Sequence[TensorType | None]) -> AnchorLayout | None:
+        t = self.block
+        if _conv2d(node, in_types):
+            act = PackedEncoding((1,), (t,))
+            weight = PackedEncoding((0, 1), (t, t))
+            bias = (PackedEncoding((0,), (t,)),) if len(in_types) > 2 and in_types[2] is not None else ()
+            return AnchorLayout((act, weight) + bias, act)
+        if node.op == "MatMul" and all(x is not None and x.rank >= 2 for x in in_types[:2]):
+            a, b = in_types[0], in_types[1]
+            tiles_a = PackedEncoding((a.rank - 2, a.rank - 1), (t, t))
+            tiles_b = PackedEncoding((b.rank - 2, b.rank - 1), (t, t))
+            out = node.outputs[0]
+            return AnchorLayout((tiles_a, tiles_b), PackedEncoding((out.rank - 2, out.rank - 1), (t, t)))
+        return None
+
+
+TARGETS: dict[str, Target] = {}
+
+
+def register_target(target: Target) -> Target:
+    TARGETS[target.name] = target
+    return target
+
+
+def get_target(target: str | Target) -> Target:
+    if isinstance(target, Target):
+        return target
+    try:
+        return TARGETS[target]
+    except KeyError:
+        raise TilefoldError(f"unknown target {target!r}; registered targets: {', '.join(sorted(TARGETS))}") from None
+
+
+register_target(CpuTarget())
+register_target(GpuTarget())

@@ -1,0 +1,142 @@
+"""Layout propagation: anchors get their target's layouts, the layout changes between them
+cancel or fold into the weights, results never change, and the verifier passes after every
+pass (verify=True)."""
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import tilefold
+from tilefold.graph import Graph, Splat, TensorType, Value
+from tilefold.layout import optimize
+from tilefold.layout.encoding import PackedEncoding, pack
+from tilefold.layout.propagate import propagate
+from tilefold.layout.targets import NHWC, get_target
+
+RNG = np.random.default_rng(5)
+F32 = np.dtype("float32")
+LAYOUT_OPS = ("Pack", "Unpack", "Transpose")
+
+
+def runtime_layout_ops(graph: Graph) -> list[str]:
+    """Pack/Unpack/Transpose nodes left on values computed at run time."""
+    return [
+        n.op for n in graph.nodes()
+        if n.op in LAYOUT_OPS and graph.node(graph.inputs_of(n.name)[0].node).op != "Constant"
+    ]
+
+
+def convnet(channels=(3, 8, 8), size=9, groups=1, splat=False) -> onnx.ModelProto:
+    """conv -> relu -> conv(+bias) -> add residual -> relu -> global pool -> flatten -> gemm."""
+    c0, c1, c2 = channels
+    w1 = RNG.standard_normal((c1, c0, 3, 3)).astype(np.float32) * 0.3
+    w2 = RNG.standard_normal((c2, c1 // groups, 3, 3)).astype(np.float32) * 0.3
+    b2 = RNG.standard_normal(c2).astype(np.float32)
+    wg = RNG.standard_normal((c2, 5)).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], group=groups),
+        helper.make_node("Add", ["c2", "r1"] if c1 == c2 else ["c2", "c2"], ["s"]),
+        helper.make_node("Mul", ["s", "scale"], ["m"]),
+        helper.make_node("Relu", ["m"], ["r2"]),
+        helper.make_node("GlobalAveragePool", ["r2"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("Gemm", ["f", "wg"], ["y"]),
+    ]
+    scale = np.full((c2, 1, 1), 0.5, np.float32) if splat else RNG.uniform(0.5, 1.5, (c2, 1, 1)).astype(np.float32)
+    graph = helper.make_graph(
+        nodes, "convnet",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, c0, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])],
+        [numpy_helper.from_array(a, n) for n, a in [("w1", w1), ("w2", w2), ("b2", b2), ("wg", wg), ("scale", scale)]],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def test_a_convnet_keeps_no_runtime_layout_op_on_cpu():
+    g = tilefold.load(convnet())
+    result = optimize(g, "cpu", verify=True)
+    assert runtime_layout_ops(result.before).count("Pack") >= 2
+    assert runtime_layout_ops(result.after) == []
+    convs = [n for n in result.after.nodes() if n.op == "Conv"]
+    assert all(n.outputs[0].encoding == NHWC for n in convs)
+    first = result.after.inputs_of(convs[0].name)[0]
+    assert result.after.type_of(first).encoding is None  # reads the NCHW input itself
+    weights = [result.after.node(result.after.inputs_of(n.name)[1].node) for n in convs]
+    assert all(w.op == "Constant" and w.outputs[0].encoding is not None for w in weights)
+
+
+def test_optimize_leaves_its_input_graph_alone():
+    g = tilefold.load(convnet())
+    before = g.op_counts()
+    optimize(g, "cpu")
+    assert g.op_counts() == before
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+@pytest.mark.parametrize("channels, groups", [((3, 8, 8), 1), ((3, 100, 100), 1), ((5, 12, 12), 4), ((3, 6, 1000), 1)])
+def test_optimized_convnets_compute_the_same_results(target, channels, groups):
+    model = convnet(channels, size=7, groups=groups)
+    g = tilefold.load(model)
+    x = RNG.standard_normal((2, channels[0], 7, 7)).astype(np.float32)
+    want = tilefold.compile(g)({"x": x})["y"]
+    got = tilefold.compile(optimize(g, target, verify=True).after, debug=True)({"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_the_gpu_target_tiles_channels_and_pads_what_does_not_divide():
+    g = tilefold.load(convnet((3, 100, 100)))
+    after = optimize(g, "gpu", verify=True).after
+    conv = next(n for n in after.nodes() if n.op == "Conv")
+    assert conv.outputs[0].encoding.inner_tiles == (16,)
+    assert conv.outputs[0].nbytes() == 2 * 112 * 9 * 9 * 4  # 100 channels padded to 7 tiles of 16
+
+
+def chain_graph(enc: PackedEncoding, splat: Splat | None = None) -> tuple[Graph, Value]:
+    g = Graph()
+    x = g.add_input("x", TensorType((4, 6), F32))
+    const = g.add_constant(splat if splat is not None else RNG.standard_normal((4, 6)).astype(np.float32))
+    p = g.add_node("Pack", [const], [TensorType((4, 6), F32, enc)], {"encoding": enc}, name="pack_const")
+    u = g.add_node("Unpack", [Value(p.name)], [TensorType((4, 6), F32)], name="unpack")
+    s = g.add_node("Add", [x, Value(u.name)], [TensorType((4, 6), F32)], name="add")
+    g.add_output(Value(s.name), "y")
+    return g, const
+
+
+def test_a_pack_of_a_constant_folds_at_compile_time():
+    enc = PackedEncoding((1,), (4,))
+    g, const = chain_graph(enc)
+    array = g.constant_value(const)
+    out = propagate(g, get_target("cpu"), verify=True)
+    assert "Pack" not in out.op_counts() and "Unpack" not in out.op_counts()
+    (add,) = [n for n in out.nodes() if n.op == "Add"]
+    np.testing.assert_array_equal(out.constant_value(out.inputs_of(add.name)[1]), array)
+
+
+@pytest.mark.parametrize("shape, tile, stays_splat", [((4, 8), 4, True), ((4, 6), 4, False)])
+def test_a_packed_splat_stays_a_splat_unless_zero_padding_is_needed(shape, tile, stays_splat):
+    g = Graph()
+    enc = PackedEncoding((1,), (tile,))
+    c = g.add_constant(Splat(0.25, shape, F32))
+    p = g.add_node("Pack", [c], [TensorType(shape, F32, enc)], {"encoding": enc})
+    g.add_output(Value(g.add_node("Unpack", [Value(p.name)], [TensorType(shape, F32)]).name), "y")
+    from tilefold.layout.propagate import _packed_constant  # the folding rule itself
+
+    packed = g.constant_value(_packed_constant(g, g.node(c.node), enc))
+    assert isinstance(packed, Splat) == stays_splat
+    if not stays_splat:
+        np.testing.assert_array_equal(packed, pack(np.full(shape, 0.25, np.float32), enc))
+
+
+def test_pack_of_unpack_with_other_padding_does_not_cancel():
+    g = Graph()
+    have = PackedEncoding((1,), (4,), pad=None)
+    want = PackedEncoding((1,), (4,), pad=0.0)
+    x = g.add_input("x", TensorType((3, 6), F32))
+    p1 = g.add_node("Pack", [x], [TensorType((3, 6), F32, have)], {"encoding": have})
+    u = g.add_node("Unpack", [Value(p1.name)], [TensorType((3, 6), F32)])
+    p2 = g.add_node("Pack", [Value(u.name)], [TensorType((3, 6), F32, want)], {"encoding": want})
+    g.add_output(Value(g.add_node("Unpack", [Value(p2.name)], [TensorType((3, 6), F32)]).name), "y")
+    out = propagate(g, get_target("cpu"), verify=True)
+    assert out.op_counts()["Pack"] == 2
