@@ -115,6 +115,46 @@ def map_encoding(node: Node, sig: Signature, in_types: Sequence[TensorType | Non
     return Mapping(operands, results)
 
 
+def reshape_perm(src: Sequence[int], dst: Sequence[int], perm: Sequence[int]) -> tuple[int, ...] | None:
+    """The outer permutation of a `dst`-shaped view of a buffer holding `src` permuted by
+    `perm`, or None when the reshape would need to move data. Reshapes pair groups of src
+    dims with groups of dst dims of equal size; each src group must lie contiguous and in
+    order in the buffer (size-1 dims do not count)."""
+    if int(np.prod(src)) != int(np.prod(dst)):
+        return None
+    s_dims = [d for d in range(len(src)) if src[d] != 1]
+    t_dims = [d for d in range(len(dst)) if dst[d] != 1]
+    groups: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(s_dims) and j < len(t_dims):
+        gs, gt = [s_dims[i]], [t_dims[j]]
+        ps, pt = src[s_dims[i]], dst[t_dims[j]]
+        i, j = i + 1, j + 1
+        while ps != pt:
+            if ps < pt and i < len(s_dims):
+                gs.append(s_dims[i]); ps *= src[s_dims[i]]; i += 1
+            elif pt < ps and j < len(t_dims):
+                gt.append(t_dims[j]); pt *= dst[t_dims[j]]; j += 1
+            else:
+                return None
+        groups.append((gs, gt))
+    position = {d: k for k, d in enumerate(d for d in perm if src[d] != 1)}
+    for gs, _ in groups:
+        first = position[gs[0]]
+        if [position[d] for d in gs] != list(range(first, first + len(gs))):
+            return None
+    groups.sort(key=lambda g: position[g[0][0]])
+    ones = [d for d in range(len(dst)) if dst[d] == 1]
+    return tuple(ones + [d for _, gt in groups for d in gt])
+
+
+def _permutation(t: TensorType) -> tuple[int, ...] | None:
+    enc = t.encoding
+    if not isinstance(enc, PackedEncoding) or enc.inner_tiles or not t.is_static:
+        return None
+    return enc.outer_perm(t.rank)
+
+
 # ---- rules --------------------------------------------------------------------------------
 def _producer(graph: Graph, value: Value | None) -> Node | None:
     return graph.node(value.node) if value is not None else None
@@ -184,9 +224,67 @@ def _signature_of(graph: Graph, node: Node) -> tuple[Signature, list[TensorType 
     return (sig, in_types) if sig is not None else None
 
 
+def _unpacked(graph: Graph, value: Value | None) -> Value | None:
+    """The packed value behind `value` when `value` is an Unpack's result."""
+    producer = _producer(graph, value)
+    return graph.inputs_of(producer.name)[0] if producer is not None and producer.op == UNPACK else None
+
+
+def anchor_reads(graph: Graph, node: Node, target: Target) -> bool:
+    """An anchor whose kernel reads an operand's packed buffer directly takes it."""
+    changed = False
+    for slot, value in enumerate(graph.inputs_of(node.name)):
+        packed = _unpacked(graph, value)
+        if packed is not None and target.reads(node, slot, graph.type_of(packed)):
+            graph.set_input(node.name, slot, packed)
+            changed = True
+    return changed
+
+
+def reshape_down(graph: Graph, node: Node) -> bool:
+    """A Reshape of a permuted buffer is a view when its groups of dims stay together."""
+    packed = _unpacked(graph, graph.inputs_of(node.name)[0])
+    out = node.outputs[0]
+    if packed is None or not out.is_static or node.outputs[0].encoding is not None:
+        return False
+    t = graph.type_of(packed)
+    perm = _permutation(t)
+    new = reshape_perm(t.shape, out.shape, perm) if perm is not None else None
+    if new is None:
+        return False
+    enc = canonical(PackedEncoding((), (), new), out.shape)
+    _rewrite(graph, node, Mapping([enc, None], [enc]), [packed, graph.inputs_of(node.name)[1]])
+    return True
+
+
+def relabel_transpose(graph: Graph, node: Node, target: Target) -> bool:
+    """A Transpose moves no data: its result keeps the input's buffer, either because the
+    input's producer (an anchor) writes the transposed layout, or with a permuted encoding
+    whose Unpack then moves down to where it can be absorbed."""
+    x = graph.inputs_of(node.name)[0]
+    t_in, t_out = graph.type_of(x), node.outputs[0]
+    if t_in.encoding is not None or t_out.encoding is not None or not t_out.is_static:
+        return False
+    perm = tuple(node.attrs.get("perm") or range(t_in.rank - 1, -1, -1))
+    producer = _producer(graph, x)
+    wanted = TensorType(t_in.shape, t_in.dtype, PackedEncoding((), (), perm))
+    if producer.op in target.anchors and len(graph.users(x)) == 1 and target.writes(producer, wanted):
+        producer.outputs[0] = wanted
+        return True
+    enc = canonical(PackedEncoding((), (), None).permuted(perm), t_out.shape)
+    if enc is None:
+        return False
+    _rewrite(graph, node, Mapping([None], [enc]), [x])
+    return True
+
+
 def push_down(graph: Graph, node: Node, target: Target) -> bool:
     if node.op in target.anchors:
-        return False
+        return anchor_reads(graph, node, target)
+    if node.op == "Reshape":
+        return reshape_down(graph, node)
+    if node.op == "Transpose" and _unpacked(graph, graph.inputs_of(node.name)[0]) is None:
+        return relabel_transpose(graph, node, target)
     found = _signature_of(graph, node)
     if found is None:
         return False
@@ -207,12 +305,21 @@ def push_down(graph: Graph, node: Node, target: Target) -> bool:
 def push_up(graph: Graph, pack_node: Node, target: Target) -> bool:
     value = graph.inputs_of(pack_node.name)[0]
     producer = _producer(graph, value)
-    if producer is None or producer.op in target.anchors or len(producer.outputs) != 1:
+    if producer is None or len(producer.outputs) != 1:
         return False
     enc = pack_node.attrs["encoding"]
     packs = [graph.node(u) for u, _ in graph.users(value)]
     if any(p.op != PACK or not p.attrs["encoding"] == enc for p in packs):
         return False
+    if producer.op in target.anchors:  # the anchor writes the packed layout itself
+        wanted = TensorType(producer.outputs[0].shape, producer.outputs[0].dtype, enc)
+        if producer.outputs[0].encoding is not None or not target.writes(producer, wanted):
+            return False
+        producer.outputs[0] = wanted
+        for p in packs:
+            graph.replace_all_uses(Value(p.name), value)
+            graph.remove_node(p.name)
+        return True
     found = _signature_of(graph, producer)
     if found is None:
         return False

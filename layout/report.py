@@ -183,9 +183,13 @@ def _element_order(t: TensorType, labels: tuple[int, ...]) -> list[Axis]:
             continue
         if merged:
             dim, size, step = merged[-1]
-            if dim == axis[0] and isinstance(size, int) and isinstance(axis[1], int) and step == axis[1] * axis[2]:
-                merged[-1] = (dim, size * axis[1], axis[2])
-                continue
+            if dim == axis[0] and isinstance(size, int) and isinstance(axis[1], int):
+                if step == axis[1] * axis[2]:
+                    merged[-1] = (dim, size * axis[1], axis[2])
+                    continue
+                if dim == -1:  # two padded tiles of size-1 dims: still one element, then padding
+                    merged[-1] = (dim, size * axis[1], 1)
+                    continue
         merged.append(axis)
     return merged
 
@@ -253,16 +257,16 @@ class LayoutReport:
         def nbytes(g: GraphLayout, op: str | None = None) -> str:
             return ("" if g.exact else ">= ") + _human(g.bytes(op))
 
-        rows = [("standalone runtime layout ops", str(b.count()), str(a.count()))]
+        rows = [("runtime layout ops", str(b.count()), str(a.count()))]
         for op in LAYOUT_OPS:
             if b.count(op) or a.count(op):
                 rows.append((f"  {op}", f"{b.count(op)} ({nbytes(b, op)})", f"{a.count(op)} ({nbytes(a, op)})"))
         rows += [
-            ("bytes moved by them", nbytes(b), nbytes(a)),
-            ("layout changes fused into anchors", f"{len(b.fused)} ({_human(b.fused_bytes)})",
+            ("  bytes they write", nbytes(b), nbytes(a)),
+            ("fused into anchors", f"{len(b.fused)} ({_human(b.fused_bytes)})",
              f"{len(a.fused)} ({_human(a.fused_bytes)})"),
-            ("packs folded into constants", "", str(self.folded_packs)),
-            ("layout ops left on constants", str(b.constant_layout_ops), str(a.constant_layout_ops)),
+            ("packs folded into weights", "", str(self.folded_packs)),
+            ("layout ops on constants", str(b.constant_layout_ops), str(a.constant_layout_ops)),
             ("constants (packed, splats)", f"{b.constants} ({b.packed_constants}, {b.splats})",
              f"{a.constants} ({a.packed_constants}, {a.splats})"),
             ("weight bytes stored", _human(b.weight_bytes), _human(a.weight_bytes)),
@@ -284,7 +288,8 @@ class LayoutReport:
         from rich.markup import escape
         from rich.table import Table
 
-        table = Table("", "before (anchors wrapped)", "after (propagated)", title=escape(self.title()))
+        table = Table("", "before (wrapped)", "after (propagated)", title=escape(self.title()),
+                      caption="runtime: Pack, Unpack, data-moving Transpose of a computed value")
         for row in self.rows():
             table.add_row(*(escape(c) for c in row))
         timing = Table("pass", "time", title="time per pass")
@@ -307,7 +312,7 @@ class LayoutReport:
             )
             return f"<table><caption>{html.escape(caption)}</caption><tr>{cells}</tr>{body}</table>"
 
-        parts = [table(("", "before (anchors wrapped)", "after (propagated)"), self.rows(), self.title())]
+        parts = [table(("", "before (wrapped)", "after (propagated)"), self.rows(), self.title())]
         if self.after.ops:
             parts.append(table(("node", "op", "result", "bytes"),
                                ((o.node, o.op, o.type, "?" if o.bytes is None else _human(o.bytes))

@@ -52,6 +52,14 @@ class Target:
         """The anchor's encodings, or None to leave it as it is."""
         return None
 
+    def reads(self, node: Node, slot: int, t: TensorType) -> bool:
+        """Can the anchor's kernel read operand `slot` in `t.encoding` with no copy?"""
+        return False
+
+    def writes(self, node: Node, t: TensorType) -> bool:
+        """Can the anchor's kernel write its result in `t.encoding` with no copy?"""
+        return False
+
     def __repr__(self) -> str:
         return f"<target {self.name}>"
 
@@ -60,6 +68,17 @@ def _conv2d(node: Node, in_types: Sequence[TensorType | None]) -> bool:
     x = in_types[0] if in_types else None
     w = in_types[1] if len(in_types) > 1 else None
     return node.op == "Conv" and x is not None and w is not None and x.rank == 4 and w.rank == 4
+
+
+def strided_matrices(t: TensorType) -> bool:
+    """A permutation-only encoding whose innermost buffer dim is one of the last two logical
+    dims: every matrix is then row- or column-contiguous, which BLAS reads and writes in
+    place (numpy's matmul measured 0.36 ms for BERT's Q.K^T on such views, 0.25 ms
+    contiguous, and the same time for P.V into a transposed output)."""
+    enc = t.encoding
+    if not isinstance(enc, PackedEncoding) or enc.inner_tiles or t.rank < 2:
+        return False
+    return enc.outer_perm(t.rank)[-1] in (t.rank - 1, t.rank - 2)
 
 
 class CpuTarget(Target):
@@ -76,6 +95,12 @@ class CpuTarget(Target):
         result = node.outputs[0]
         operands = (canonical(NHWC, in_types[0].shape), RSCF) + (None,) * (len(in_types) - 2)
         return AnchorLayout(operands, canonical(NHWC, result.shape), reads_identity=True)
+
+    def reads(self, node: Node, slot: int, t: TensorType) -> bool:
+        return node.op == "MatMul" and slot < 2 and strided_matrices(t)
+
+    def writes(self, node: Node, t: TensorType) -> bool:
+        return node.op == "MatMul" and strided_matrices(t)
 
 
 class GpuTarget(Target):

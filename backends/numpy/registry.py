@@ -11,9 +11,16 @@ Two declarations let the executor manage memory safely:
 - `views`: the results may share memory with input 0 (reshape, squeeze, transpose, slice,
   split, identity). A kernel that may return a view and does not say so is a bug, caught by the
   executor's `debug` mode.
+
+Two more say how a kernel meets packed encodings (backends/numpy/packed.py adapts the rest):
+- `physical`: the kernel is elementwise, so it runs unchanged on physical buffers laid out
+  alike (every `inplace` kernel is);
+- `packed`: factories registered with `packed_kernel(op)` that handle packed operand and
+  result encodings natively; each returns `run`, or None to decline those encodings.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -24,6 +31,7 @@ from ...graph.graph import Node
 from ...graph.types import ConstValue, TensorType
 
 Run = Callable[..., Any]
+PackedBuild = Callable[["KernelSpec"], "Run | None"]
 
 
 @dataclass(frozen=True)
@@ -54,16 +62,30 @@ class KernelDef:
     build: Callable[[KernelSpec], Run]
     inplace: bool = False
     views: bool = False
+    physical: bool = False
+    packed: tuple[PackedBuild, ...] = ()
 
 
 KERNELS: dict[str, KernelDef] = {}
 
 
-def kernel(op: str, *, inplace: bool = False, views: bool = False):
-    """Register a kernel factory `build(spec) -> run` for `op`."""
+def kernel(op: str, *, inplace: bool = False, views: bool = False, physical: bool | None = None):
+    """Register a kernel factory `build(spec) -> run` for `op`; `physical` defaults to `inplace`."""
 
     def wrap(build: Callable[[KernelSpec], Run]) -> Callable[[KernelSpec], Run]:
-        KERNELS[op] = KernelDef(op, build, inplace, views)
+        packed = KERNELS[op].packed if op in KERNELS else ()
+        KERNELS[op] = KernelDef(op, build, inplace, views, inplace if physical is None else physical, packed)
+        return build
+
+    return wrap
+
+
+def packed_kernel(op: str):
+    """Add a native factory `build(spec) -> run | None` for `op` on packed encodings."""
+
+    def wrap(build: PackedBuild) -> PackedBuild:
+        kdef = KERNELS[op]
+        KERNELS[op] = dataclasses.replace(kdef, packed=kdef.packed + (build,))
         return build
 
     return wrap
@@ -75,7 +97,7 @@ def simple(*ops: str, inplace: bool = False, views: bool = False):
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         for op in ops:
             KERNELS[op] = KernelDef(
-                op, lambda spec, fn=fn: functools.partial(fn, spec.attrs), inplace, views
+                op, lambda spec, fn=fn: functools.partial(fn, spec.attrs), inplace, views, inplace
             )
         return fn
 

@@ -123,7 +123,7 @@ def test_symbolic_dims_count_the_op_and_make_bytes_a_lower_bound():
 def test_renders_as_a_table_and_as_html():
     report = LayoutReport.from_result(result(), load_seconds=0.5)
     text = _render(report)
-    for expected in ("standalone runtime layout ops", "packs folded into constants", "propagate",
+    for expected in ("runtime layout ops", "packs folded into weights", "propagate",
                      "625.0 ms", "load", "swap_fh", "1.9 kB"):
         assert expected in text
     page = report._repr_html_()

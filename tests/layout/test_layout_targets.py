@@ -1,0 +1,56 @@
+"""Issue 4's layout targets on real models (CPU target): no standalone runtime layout op on
+ResNet-50 or an MLP, and none inside BERT's encoder layers; transposes that remain move no
+data (their result keeps their input's buffer)."""
+import pytest
+
+import tilefold
+from tilefold.bench.models import bert, light_model, mlp, resnet50
+from tilefold.graph import Graph
+from tilefold.layout import optimize
+from tilefold.layout.encoding import PackedEncoding, canonical
+
+
+def moving_layout_ops(graph: Graph) -> list[str]:
+    """Pack/Unpack of runtime values, and Transposes whose result is not a relabeling."""
+    moving = []
+    for node in graph.nodes():
+        if node.op not in ("Pack", "Unpack", "Transpose"):
+            continue
+        source = graph.inputs_of(node.name)[0]
+        if graph.node(source.node).op == "Constant":
+            continue
+        if node.op == "Transpose":
+            t_in = graph.type_of(source)
+            perm = node.attrs.get("perm") or tuple(range(t_in.rank - 1, -1, -1))
+            relabeled = (t_in.encoding or PackedEncoding((), ())).permuted(perm)
+            if canonical(relabeled, node.outputs[0].shape) == node.outputs[0].encoding:
+                continue
+        moving.append(f"{node.op} {node.name}")
+    return moving
+
+
+def test_an_mlp_needs_no_layout_op(tmp_path):
+    result = optimize(tilefold.load(mlp(tmp_path / "mlp.onnx")), "cpu", verify=True)
+    assert moving_layout_ops(result.after) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["resnet50", "densenet121", "inception_v1", "inception_v2", "squeezenet"])
+def test_light_convnets_need_no_runtime_layout_op(name):
+    result = optimize(tilefold.load(light_model(name, random_weights=False)), "cpu", verify=True)
+    assert len(moving_layout_ops(result.before)) > 50
+    assert moving_layout_ops(result.after) == []
+
+
+@pytest.mark.slow
+def test_transformers_resnet50_needs_no_runtime_layout_op():
+    result = optimize(tilefold.load(resnet50()), "cpu", verify=True)
+    assert moving_layout_ops(result.after) == []
+
+
+@pytest.mark.slow
+def test_bert_runs_no_transpose_pack_or_unpack():
+    g = tilefold.load(bert())
+    assert g.op_counts()["Transpose"] == 60  # onnxruntime runs 48 of them as copies
+    result = optimize(g, "cpu", verify=True)
+    assert moving_layout_ops(result.after) == []
