@@ -82,9 +82,11 @@ def map_encoding(node: Node, sig: Signature, in_types: Sequence[TensorType | Non
     order = [src[d] for d in enc.outer_perm(len(src))]
     inner = [src[d] for d in enc.inner_dims_pos]
 
-    def derive(letters: list[str | None] | None, shape: Sequence) -> PackedEncoding | None | bool:
+    def derive(letters: list[str | None] | None, shape: Sequence, operand: bool) -> PackedEncoding | None | bool:
         if letters is None:
             return None  # a shape operand: not indexed, not packed
+        if operand and all(d == 1 for d in shape):
+            return None  # one element broadcasts against any buffer
         if None in letters or any(l not in order for l in letters):
             return False
         missing = [l for l in order if l not in letters]
@@ -102,13 +104,13 @@ def map_encoding(node: Node, sig: Signature, in_types: Sequence[TensorType | Non
         if t is None:
             operands.append(None)
             continue
-        got = enc if (not is_result and i == index) else derive(_letters(sig, i, False), t.shape)
+        got = enc if (not is_result and i == index) else derive(_letters(sig, i, False), t.shape, True)
         if got is False:
             return None
         operands.append(got)  # type: ignore[arg-type]
     results: list[PackedEncoding | None] = []
     for k, t in enumerate(out_types):
-        got = enc if (is_result and k == index) else derive(_letters(sig, k, True), t.shape)
+        got = enc if (is_result and k == index) else derive(_letters(sig, k, True), t.shape, False)
         if got is False:
             return None
         results.append(got)  # type: ignore[arg-type]

@@ -24,10 +24,11 @@ Definitions (the issue's, made exact):
 from __future__ import annotations
 
 import html
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
-from ..graph import CONSTANT, Graph, Node, Splat, TensorType
+from ..graph import Graph, Node, Splat, TensorType
 from ..graph.registry import REGISTRY
 from . import LayoutResult
 from .encoding import PackedEncoding, _ceil_div
@@ -81,7 +82,7 @@ class GraphLayout:
         ops: list[LayoutOp] = []
         fused: list[LayoutOp] = []
         constant_layout_ops = 0
-        for node in graph.nodes():
+        for node in _in_order(graph):
             if node.op in LAYOUT_OPS:
                 source = graph.inputs_of(node.name)[0]
                 if source is not None and graph.constant_value(source) is not None:
@@ -104,6 +105,11 @@ class GraphLayout:
             splats=sum(1 for n in constants if isinstance(n.attrs["value"], Splat)),
             constant_layout_ops=constant_layout_ops,
         )
+
+
+def _in_order(graph: Graph) -> list[Node]:
+    """Nodes in creation order: deterministic, and cheaper than a topological sort."""
+    return sorted((data["node"] for _, data in graph.nx.nodes(data=True)), key=lambda n: n.order)
 
 
 def _record(node: Node, nbytes: int | None) -> LayoutOp:
@@ -281,7 +287,7 @@ class LayoutReport:
         return rows + [("optimize (all passes)", _ms(self.optimize_seconds))]
 
     def title(self) -> str:
-        return f"layout report: {self.name} (target {self.target})"
+        return f"layout report: {os.path.basename(self.name)} (target {self.target})"
 
     def __rich__(self) -> Any:
         from rich.console import Group
@@ -324,7 +330,7 @@ class LayoutReport:
 def folded_packs(before: Graph, after: Graph) -> int:
     """Pack/Unpack nodes of `before` reading a constant that `after` no longer runs (definition 4)."""
     count = 0
-    for node in before.nodes():
+    for node in _in_order(before):
         if node.op not in ("Pack", "Unpack"):
             continue
         source = before.inputs_of(node.name)[0]

@@ -19,6 +19,7 @@ import numpy as np
 from ...graph.errors import InputError, TilefoldError, UnsupportedOpError, where
 from ...graph.graph import CONSTANT, INPUT, OUTPUT, Graph, Node
 from ...graph.types import Splat, TensorType, Value
+from .packed import build_kernel
 from .registry import KERNELS, KernelSpec, Run
 from . import kernels as _kernels  # noqa: F401  (registers the kernels)
 
@@ -134,7 +135,7 @@ class NumpyExecutable:
                 [g.constant_value(v) for v in inputs],
             )
             try:
-                run = kdef.build(spec)
+                run = build_kernel(kdef, spec)
             except TilefoldError:
                 raise
             except Exception as exc:
@@ -243,11 +244,7 @@ class NumpyExecutable:
     def _call(self, step: Step, args: list[Any]) -> Any:
         if step.inplace >= 0:
             candidate = args[step.inplace]
-            ok = candidate.flags.writeable and (
-                not step.check_shape
-                or candidate.shape == np.broadcast_shapes(*(a.shape for a in args if a is not None))
-            )
-            if ok:
+            if candidate.flags.writeable and (not step.check_shape or _holds_result(candidate, args)):
                 return step.run(*args, out=candidate)
         result = step.run(*args)
         if self.debug:
@@ -265,6 +262,16 @@ class NumpyExecutable:
                     raise TilefoldError(
                         f"{where(step.node)}: kernel returned a view of input {pos} but does not declare views=True"
                     )
+
+
+def _holds_result(candidate: np.ndarray, args: list[Any]) -> bool:
+    """Whether an elementwise result has `candidate`'s shape (symbolic shapes, checked at run
+    time). Packed operands may be buffers that numpy does not broadcast as they are (the
+    kernel reshapes them first): then the answer is no, and the kernel allocates."""
+    try:
+        return candidate.shape == np.broadcast_shapes(*(a.shape for a in args if a is not None))
+    except ValueError:
+        return False
 
 
 def _owned(array: Any) -> np.ndarray:
@@ -308,7 +315,7 @@ def evaluate_node(node: Node, consts: list[Any]) -> list[np.ndarray]:
     if kdef is None:
         raise UnsupportedOpError(f"{where(node)}: the NumPy backend has no kernel for {node.op}")
     types = [type_of_constant(c) if c is not None else None for c in consts]
-    run = kdef.build(KernelSpec(node, types, list(consts)))
+    run = build_kernel(kdef, KernelSpec(node, types, list(consts)))
     args = [c.to_array() if isinstance(c, Splat) else c for c in consts]
     result = run(*args)
     return [np.array(r) for r in (result if isinstance(result, tuple) else (result,))]

@@ -136,7 +136,7 @@ def outcome(name: str) -> BaseException | None:
 
 
 def test_the_claimed_ops_are_exactly_the_kernels_registered():
-    assert set(KERNELS) - {"OnnxReference"} == CLAIMED
+    assert set(KERNELS) - {"OnnxReference", "Pack", "Unpack"} == CLAIMED  # tilefold's own ops aside
 
 
 @pytest.mark.parametrize("name", sorted(_cases()))

@@ -178,3 +178,24 @@ def test_a_reshape_of_a_permuted_buffer_is_a_view_when_reshape_perm_says_so(case
         for candidate in itertools.permutations(range(len(dst))):
             view = pack(x.reshape(dst), PackedEncoding((), (), candidate))
             assert not np.array_equal(view.ravel(), buffer.ravel()), candidate
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_a_scalar_operand_needs_no_packing(target):
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Mul", ["c", "half"], ["m"]),
+             helper.make_node("Conv", ["m", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(
+        nodes, "scalar",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 6])],
+        [numpy_helper.from_array(RNG.standard_normal((16, 3, 3, 3)).astype(np.float32), "w"),
+         numpy_helper.from_array(RNG.standard_normal((4, 16, 3, 3)).astype(np.float32), "w2"),
+         numpy_helper.from_array(np.array(0.5, np.float32), "half")],
+    )
+    g = tilefold.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    after = optimize(g, target, verify=True).after
+    (mul,) = [n for n in after.nodes() if n.op == "Mul"]
+    assert after.type_of(after.inputs_of(mul.name)[0]).encoding is not None  # runs on the packed buffer
+    x = RNG.standard_normal((1, 3, 6, 6)).astype(np.float32)
+    np.testing.assert_allclose(tilefold.compile(after)({"x": x})["y"], tilefold.compile(g)({"x": x})["y"], rtol=1e-4, atol=1e-4)

@@ -9,7 +9,9 @@ im2col copy); weights are RSCF buffers (`PackedEncoding((), (), (2, 3, 1, 0))`: 
 - depthwise (C/g == 1): the taps accumulate into the output, vectorized over (N, *out, C);
 - 3x3, stride 1, ungrouped, enough tiles: Winograd F(2x2, 3x3) in NHWC (packed_winograd);
 - otherwise im2col: each tap copies whole channel rows into a (N, *out, g, *k, C/g) buffer
-  (borders zeroed, no padded copy of the input), then one GEMM (one batched GEMM for groups).
+  (borders zeroed, no padded copy of the input), then one GEMM (one batched GEMM for groups);
+  an NCHW input is copied along its rows instead (the NCHW kernel's column buffer), and BLAS
+  reads those columns transposed so that the result still comes out channels-last.
 
 The result is NHWC; an identity-encoded output gets it transposed (a reshape when the
 spatial output is 1x1, so the element order is the same).
@@ -25,7 +27,7 @@ import numpy as np
 
 from ....layout.encoding import PackedEncoding
 from ..registry import KernelSpec, Run, packed_kernel
-from .common import Window, check_dtypes, prod, window_geometry
+from .common import Window, check_dtypes, prod, window_geometry, windows
 from .linalg import wide
 from .packed_winograd import winograd_nhwc, winograd_weight, worth_winograd_nhwc
 
@@ -83,23 +85,43 @@ def _source(x: np.ndarray, src: tuple[slice, ...], nchw: bool) -> np.ndarray:
     return x[(slice(None),) + src]
 
 
-# ---- the three ways -------------------------------------------------------------------------
-def im2col(x: np.ndarray, geo: Window, groups: int, nchw: bool) -> np.ndarray:
-    """(N, *out, g, *k, C/g): every tap's window, channel rows copied whole."""
+# ---- the ways ----------------------------------------------------------------------------------
+def im2col(x: np.ndarray, geo: Window, groups: int) -> np.ndarray:
+    """(N, *out, g, *k, C/g) from an NHWC buffer: every tap's window, channel rows copied whole."""
     nd = len(geo.kernel)
-    n = x.shape[0]
-    c = x.shape[1] if nchw else x.shape[-1]
-    spatial = x.shape[2:] if nchw else x.shape[1:-1]
+    n, c = x.shape[0], x.shape[-1]
+    spatial = x.shape[1:-1]
     cols = np.empty((n, *geo.out_shape, groups, *geo.kernel, c // groups), x.dtype)
     for tap in itertools.product(*(range(k) for k in geo.kernel)):
         ranges, src = _tap_slices(geo, spatial, tap)
         dst = cols[(slice(None),) * (1 + nd) + (slice(None),) + tap]  # (N, *out, g, C/g)
         _zero_borders(dst, ranges, 1)
         if all(hi > lo for lo, hi, _ in ranges):
-            window = _source(x, src, nchw)
+            window = _source(x, src, False)
             dst[(slice(None),) + tuple(slice(lo, hi) for lo, hi, _ in ranges)] = window.reshape(
                 *window.shape[:-1], groups, c // groups)
     return cols
+
+
+def im2col_nchw(x: np.ndarray, geo: Window, groups: int) -> np.ndarray:
+    """(N, g, C/g * prod(k), prod(out)) from an NC* buffer: the NCHW kernel's im2col, whose
+    copy runs along the input's rows (channels-last rows of 3 channels copy 2x slower)."""
+    nd = len(geo.kernel)
+    view = windows(x, geo)  # (N, C, *out, *k)
+    n, c = view.shape[:2]
+    view = view.reshape(n, groups, c // groups, *view.shape[2:])
+    order = (0, 1, 2, *range(3 + nd, 3 + 2 * nd), *range(3, 3 + nd))
+    return np.ascontiguousarray(view.transpose(order)).reshape(n, groups, -1, prod(geo.out_shape))
+
+
+def gemm_conv_columns(cols: np.ndarray, wmat: np.ndarray, out_shape: Sequence[int]) -> np.ndarray:
+    """`im2col_nchw`'s (N, g, Kg, M) times wmat (g, Kg, F/g) as an (N, *out, F) buffer: BLAS
+    reads the columns transposed, so the result comes out channels-last."""
+    n, groups, _, m = cols.shape
+    fg = wmat.shape[-1]
+    y = np.empty((n, m, groups, fg), cols.dtype)
+    np.matmul(cols.transpose(0, 1, 3, 2), wmat, out=y.transpose(0, 2, 1, 3))
+    return y.reshape(n, *out_shape, groups * fg)
 
 
 def gemm_conv(cols: np.ndarray, wmat: np.ndarray) -> np.ndarray:
@@ -135,7 +157,7 @@ def depthwise(x: np.ndarray, wdw: np.ndarray, geo: Window, nchw: bool, bias: np.
 # ---- weights ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ConvWeights:
-    """A weight in the forms the three ways use, built once for a constant weight."""
+    """A weight in the forms the ways above use, each built once (at the first call) for a constant weight."""
 
     rscf: np.ndarray  # (*k, C/g, F)
     groups: int
@@ -154,6 +176,14 @@ class ConvWeights:
             return self.rscf.reshape(1, taps * cg, f)
         per = self.rscf.reshape(taps, cg, g, f // g).transpose(2, 0, 1, 3)
         return np.ascontiguousarray(per).reshape(g, taps * cg, f // g)
+
+    @functools.cached_property
+    def gemm_channels_first(self) -> np.ndarray:
+        """(g, C/g * prod(k), F/g): the operand of `im2col_nchw`'s (C/g, *k) rows."""
+        *k, cg, f = self.rscf.shape
+        g = self.groups
+        per = self.rscf.reshape(prod(k), cg, g, f // g).transpose(2, 1, 0, 3)
+        return np.ascontiguousarray(per).reshape(g, cg * prod(k), f // g)
 
     @functools.cached_property
     def depthwise(self) -> np.ndarray:
@@ -202,8 +232,10 @@ def conv_nhwc(x: np.ndarray, weights: ConvWeights, plan: _Plan, bias: np.ndarray
     elif g == 1 and worth_winograd_nhwc(kernel_shape, geo, x.shape[0], cg, f) and not nchw:
         u = weights.winograd
         return winograd_nhwc(x, u, geo, bias)
+    elif nchw:
+        y = gemm_conv_columns(im2col_nchw(x, geo, g), weights.gemm_channels_first, geo.out_shape)
     else:
-        y = gemm_conv(im2col(x, geo, g, nchw), weights.gemm)
+        y = gemm_conv(im2col(x, geo, g), weights.gemm)
     if bias is not None:
         y += bias
     return y

@@ -79,10 +79,12 @@ def winograd_nhwc(x: np.ndarray, u: np.ndarray, geo: Window, bias: np.ndarray | 
     if bias is not None:
         m[5] += bias  # every output of a tile takes m[1][1] with coefficient 1
     m = m.reshape(4, 4, n, th, tw, f)
-    # A^T m A with A^T = [[1, 1, 1, 0], [0, 1, -1, -1]]: over tile rows, then columns
-    top = np.add(m[0], m[1])
+    # A^T m A with A^T = [[1, 1, 1, 0], [0, 1, -1, -1]]: over tile rows (in m's own rows 0
+    # and 1, which nothing reads afterwards), then columns
+    top, bottom = m[0], m[1]
+    top += m[1]
     top += m[2]
-    bottom = np.subtract(m[1], m[2])
+    bottom -= m[2]
     bottom -= m[3]
     y = np.empty((n, th, 2, tw, 2, f), x.dtype)
     for r, s in enumerate((top, bottom)):

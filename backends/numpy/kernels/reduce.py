@@ -25,7 +25,8 @@ def _extreme(dtype: np.dtype, highest: bool):
     return info.max if highest else info.min
 
 
-def _reducer(op: str, dtype: np.dtype) -> Callable[[np.ndarray, tuple[int, ...], bool], np.ndarray]:
+def reducer(op: str, dtype: np.dtype) -> Callable[[np.ndarray, tuple[int, ...], bool], np.ndarray]:
+    """`fn(x, axes, keepdims)` computing `op` with ONNX semantics in `dtype`."""
     if op == "ReduceSum":
         return lambda x, axes, keep: np.sum(x, axis=axes, keepdims=keep, dtype=dtype)
     if op == "ReduceProd":
@@ -48,7 +49,7 @@ def _register_reduce(op: str) -> None:
         noop = bool(spec.attrs.get("noop_with_empty_axes", 0))
         has_axes = len(spec.in_types) > 1 and spec.in_types[1] is not None
         fixed_axes = const_ints(spec, 1) if has_axes else []
-        reduce = _reducer(op, dtype)
+        reduce = reducer(op, dtype)
 
         def run(x: np.ndarray, axes: np.ndarray | None = None) -> np.ndarray:
             chosen = fixed_axes if fixed_axes is not None else [int(a) for a in axes.reshape(-1)]

@@ -1,0 +1,39 @@
+"""bench/optimize_time.py's pieces: the generated chains are valid graphs that compute what
+plain numpy computes, and the tables name every row (no timing is asserted)."""
+import numpy as np
+import pytest
+
+import tilefold
+from tilefold.bench import optimize_time
+from tilefold.graph.verify import verify_graph
+
+
+@pytest.mark.parametrize("kind", ["conv", "matmul"])
+@pytest.mark.parametrize("residual", [False, True])
+def test_chains_have_the_asked_op_count_and_verify(kind, residual):
+    graph = optimize_time.chain(kind, 40, residual=residual)
+    verify_graph(graph)
+    counts = graph.op_counts()
+    compute = sum(n for op, n in counts.items() if op not in ("Input", "Output", "Constant"))
+    assert compute == 40
+    assert counts["Conv" if kind == "conv" else "MatMul"] == 10
+
+
+def test_matmul_chain_computes_its_definition():
+    graph = optimize_time.chain("matmul", 12, residual=True, seed=3)
+    x = np.random.default_rng(1).standard_normal((16, 64)).astype(np.float32)
+    rng = np.random.default_rng(3)
+    w0, shift = rng.standard_normal((64, 64)).astype(np.float32), rng.standard_normal((1, 64)).astype(np.float32)
+    want = (np.maximum(x @ w0, 0) + shift) * np.float32(0.5)  # the first block: no residual
+    for w in rng.standard_normal((2, 64, 64)).astype(np.float32):
+        want = (np.maximum(want @ w, 0) + want) * np.float32(0.5)
+    got = tilefold.compile(graph)({"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_chain_rows_and_table():
+    rows = [optimize_time.bench_chain("conv-cpu", n, repeat=1) for n in (40, 80)]
+    assert [r.ops_before for r in rows] == [20, 40]  # each conv: its activation packed, its result unpacked
+    assert all(r.ops_after <= r.ops_before and r.seconds > 0 for r in rows)
+    table = optimize_time.format_chains(rows)
+    assert table.count("conv-cpu") == 2 and "1.00x" in table
