@@ -8,6 +8,7 @@ one producer. Passes edit the graph only through the verbs below.
 from __future__ import annotations
 
 import copy as _copy
+import heapq
 import itertools
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
@@ -133,15 +134,29 @@ class Graph:
 
     def nodes(self) -> list[Node]:
         """All nodes in a deterministic topological order (insertion order breaks ties)."""
-        try:
-            order = nx.lexicographical_topological_sort(
-                self._g, key=lambda n: self._g.nodes[n]["node"].order
-            )
-            return [self._g.nodes[n]["node"] for n in order]
-        except nx.NetworkXUnfeasible:
+        # Kahn's algorithm on plain dicts, like nx.lexicographical_topological_sort but
+        # without its per-node view objects (measured 4 s of 11 s optimizing a 10k-op chain).
+        nodes = {name: data["node"] for name, data in self._g.nodes(data=True)}
+        successors = {name: [(dst, len(keys)) for dst, keys in nbrs.items()] for name, nbrs in self._g.adjacency()}
+        pending = dict.fromkeys(nodes, 0)
+        for edges in successors.values():
+            for dst, count in edges:
+                pending[dst] += count
+        ready = [(nodes[n].order, n) for n, count in pending.items() if count == 0]
+        heapq.heapify(ready)
+        order: list[Node] = []
+        while ready:
+            _, name = heapq.heappop(ready)
+            order.append(nodes[name])
+            for dst, count in successors[name]:
+                pending[dst] -= count
+                if pending[dst] == 0:
+                    heapq.heappush(ready, (nodes[dst].order, dst))
+        if len(order) != len(nodes):
             cycle = nx.find_cycle(self._g)
             names = " -> ".join(str(e[0]) for e in cycle)
-            raise VerifyError(f"graph {self.name!r} has a cycle: {names}") from None
+            raise VerifyError(f"graph {self.name!r} has a cycle: {names}")
+        return order
 
     def __iter__(self) -> Iterator[Node]:
         return iter(self.nodes())
