@@ -98,6 +98,11 @@ class Splat:
 ConstValue = np.ndarray | Splat
 
 
+def as_array(value: ConstValue) -> np.ndarray:
+    """A constant as an array; a splat as its read-only one-element broadcast view."""
+    return value.to_array() if isinstance(value, Splat) else np.asarray(value)
+
+
 def type_of_constant(value: ConstValue) -> TensorType:
     return TensorType(tuple(int(d) for d in value.shape), value.dtype)
 

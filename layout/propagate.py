@@ -14,6 +14,13 @@ down as it can go, since its consumers come later in the order):
    backwards, under the same condition.
 5. absorb: a Pack left in front of an anchor whose kernel can read the unpacked operand
    (a conv reading NCHW, writing NHWC) is folded into the anchor.
+6. transposes: a Transpose moves no data. Its result keeps its input's buffer, with the
+   permuted encoding (an Unpack after it then moves down by rule 3), or its producer, an
+   anchor, writes the transposed layout (rule 4 into an anchor).
+7. reshapes: a Reshape of a permuted buffer is a view of it whenever each group of dims
+   it merges or splits stays together in the buffer (`reshape_perm`).
+8. anchors read and write the packed buffers the target says their kernels take without a
+   copy (on the CPU: matmul operands and results whose matrices are row- or column-major).
 
 The mapping through a signature: tiled dims must be parallel iteration dims (never
 reduction or window dims); a permutation of outer dims maps through any op. Tiled
@@ -33,7 +40,7 @@ from ..graph.passes.dce import dce
 from ..graph.passes.pipeline import Pass, PassResult, PipelineLog, run_passes
 from ..graph.registry import get, signature
 from ..graph.signature import Signature
-from ..graph.types import Splat, TensorType, Value
+from ..graph.types import Splat, TensorType, Value, as_array
 from .encoding import PackedEncoding, canonical, pack, unpack
 from .targets import Target
 
@@ -187,8 +194,7 @@ def _packed_constant(graph: Graph, const: Node, enc: PackedEncoding) -> Value:
         stored_enc = enc.with_pad(value.value) if padded else enc
         packed = Splat(value.value, stored_enc.physical_shape(t.shape), t.dtype)
         return graph.add_constant(packed, name=f"{const.name}_packed", type=TensorType(t.shape, t.dtype, stored_enc))
-    array = value.to_array() if isinstance(value, Splat) else value
-    return graph.add_constant(pack(np.asarray(array), enc), name=f"{const.name}_packed",
+    return graph.add_constant(pack(as_array(value), enc), name=f"{const.name}_packed",
                               type=TensorType(t.shape, t.dtype, enc))
 
 
@@ -318,9 +324,7 @@ def push_up(graph: Graph, pack_node: Node, target: Target) -> bool:
         if producer.outputs[0].encoding is not None or not target.writes(producer, wanted):
             return False
         producer.outputs[0] = wanted
-        for p in packs:
-            graph.replace_all_uses(Value(p.name), value)
-            graph.remove_node(p.name)
+        _drop(graph, packs, value)
         return True
     found = _signature_of(graph, producer)
     if found is None:
@@ -333,10 +337,15 @@ def push_up(graph: Graph, pack_node: Node, target: Target) -> bool:
     for slot, source in enumerate(sources):
         graph.set_input(producer.name, slot, source)
     producer.outputs[0] = TensorType(producer.outputs[0].shape, producer.outputs[0].dtype, mapping.results[0])
+    _drop(graph, packs, value)
+    return True
+
+
+def _drop(graph: Graph, packs: list[Node], value: Value) -> None:
+    """Readers of `packs` read `value`, which is now produced packed."""
     for p in packs:
         graph.replace_all_uses(Value(p.name), value)
         graph.remove_node(p.name)
-    return True
 
 
 def fold_or_cancel(graph: Graph, node: Node) -> bool:
@@ -349,7 +358,7 @@ def fold_or_cancel(graph: Graph, node: Node) -> bool:
             replacement = _packed_constant(graph, producer, node.attrs["encoding"])
         else:
             t = producer.outputs[0]
-            replacement = graph.add_constant(unpack(_materialize(producer.attrs["value"]), t.encoding, t.shape),
+            replacement = graph.add_constant(unpack(as_array(producer.attrs["value"]), t.encoding, t.shape),
                                              name=f"{producer.name}_unpacked")
     elif node.op == PACK and producer.op == UNPACK:
         packed = graph.inputs_of(producer.name)[0]
@@ -367,10 +376,6 @@ def fold_or_cancel(graph: Graph, node: Node) -> bool:
     graph.replace_all_uses(out, replacement)
     graph.remove_node(node.name)
     return True
-
-
-def _materialize(value):
-    return value.to_array() if isinstance(value, Splat) else value
 
 
 def absorb(graph: Graph, node: Node, target: Target) -> bool:

@@ -18,7 +18,7 @@ import numpy as np
 
 from ...graph.errors import InputError, TilefoldError, UnsupportedOpError, where
 from ...graph.graph import CONSTANT, INPUT, OUTPUT, Graph, Node
-from ...graph.types import Splat, TensorType, Value
+from ...graph.types import TensorType, Value, as_array
 from .packed import build_kernel
 from .registry import KERNELS, KernelSpec, Run
 from . import kernels as _kernels  # noqa: F401  (registers the kernels)
@@ -90,7 +90,7 @@ class NumpyExecutable:
             if node.op == CONSTANT:
                 value = node.attrs["value"]
                 self._consts[self._slot(Value(node.name))] = (
-                    value.to_array() if isinstance(value, Splat) else value
+                    as_array(value)
                 )
             elif node.op == INPUT:
                 self._inputs[node.name] = self._slot(Value(node.name))
@@ -316,6 +316,6 @@ def evaluate_node(node: Node, consts: list[Any]) -> list[np.ndarray]:
         raise UnsupportedOpError(f"{where(node)}: the NumPy backend has no kernel for {node.op}")
     types = [type_of_constant(c) if c is not None else None for c in consts]
     run = build_kernel(kdef, KernelSpec(node, types, list(consts)))
-    args = [c.to_array() if isinstance(c, Splat) else c for c in consts]
+    args = [as_array(c) if c is not None else None for c in consts]
     result = run(*args)
     return [np.array(r) for r in (result if isinstance(result, tuple) else (result,))]

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import UnsupportedOpError, VerifyError
 from ..registry import OpDef, register
-from ..types import Splat, TensorType
+from ..types import TensorType, as_array
 from .shapes import const_ints, fresh, length_of, norm_axis
 
 INT64 = np.dtype(np.int64)
@@ -117,7 +117,7 @@ def _constant_of_shape_infer(attrs, types, consts):
     value = attrs.get("value")
     dtype = np.dtype(np.float32)
     if value is not None:
-        value = value.to_array() if isinstance(value, Splat) else np.asarray(value)
+        value = as_array(value)
         if value.size != 1:
             raise VerifyError(f"ConstantOfShape: value must hold one element, got shape {value.shape}")
         dtype = value.dtype
@@ -143,7 +143,7 @@ def _range_infer(attrs, types, consts):
     dtype = types[0].dtype
     if any(c is None for c in consts[:3]):
         return [TensorType((fresh("Range", 0),), dtype)]
-    start, limit, delta = (np.asarray(c.to_array() if isinstance(c, Splat) else c).item() for c in consts[:3])
+    start, limit, delta = (as_array(c).item() for c in consts[:3])
     if delta == 0:
         raise VerifyError("Range: delta must not be 0")
     if dtype.kind in "iu":

@@ -6,7 +6,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import UnsupportedOpError, VerifyError
-from ..types import ConstValue, Dim, Splat, TensorType
+from ..types import ConstValue, Dim, TensorType, as_array
 
 
 def broadcast(*shapes: Sequence[Dim]) -> tuple[Dim, ...]:
@@ -36,7 +36,7 @@ def const_ints(value: ConstValue | None) -> list[int] | None:
     """A small integer constant (shape, axes, starts) as a list, or None when unknown."""
     if value is None:
         return None
-    array = value.to_array() if isinstance(value, Splat) else np.asarray(value)
+    array = as_array(value)
     return [int(v) for v in array.reshape(-1)]
 
 

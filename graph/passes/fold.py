@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import VerifyError, where
 from ..graph import CONSTANT, INPUT, OUTPUT, Graph, Node
 from ..registry import get, infer
-from ..types import ConstValue, Splat, Value, type_of_constant
+from ..types import ConstValue, Splat, Value, as_array, type_of_constant
 from .pipeline import Evaluate, Pass, PassResult
 
 _SKIP = {INPUT, OUTPUT, CONSTANT}
@@ -111,7 +111,7 @@ def _worth_folding(node: Node, consts: Sequence[ConstValue | None]) -> bool:
 
 
 def _array(value: ConstValue) -> np.ndarray:
-    return value.to_array() if isinstance(value, Splat) else np.asarray(value)
+    return as_array(value)
 
 
 def _replace_with_constants(graph: Graph, node: Node, values: list[ConstValue]) -> None:
