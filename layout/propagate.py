@@ -103,8 +103,10 @@ def map_encoding(node: Node, sig: Signature, in_types: Sequence[TensorType | Non
         pos = tuple(sorted((d for d in range(len(letters)) if letters[d] in tiles),
                            key=lambda d: inner.index(letters[d])))
         sizes = tuple(tiles[letters[d]] if shape[d] != 1 else 1 for d in pos)
-        pad = enc.pad if not any(shape[d] == 1 and tiles[letters[d]] != 1 for d in pos) else None
-        return canonical(PackedEncoding(pos, sizes, perm, pad), shape)
+        packed = PackedEncoding(pos, sizes, perm, enc.pad)
+        if not operand and all(isinstance(d, int) for d in shape) and packed.is_padded(shape):
+            packed = packed.with_pad(None)  # what an op leaves in padding is not known
+        return canonical(packed, shape)
 
     operands: list[PackedEncoding | None] = []
     for i, t in enumerate(in_types):

@@ -199,3 +199,29 @@ def test_a_scalar_operand_needs_no_packing(target):
     assert after.type_of(after.inputs_of(mul.name)[0]).encoding is not None  # runs on the packed buffer
     x = RNG.standard_normal((1, 3, 6, 6)).astype(np.float32)
     np.testing.assert_allclose(tilefold.compile(after)({"x": x})["y"], tilefold.compile(g)({"x": x})["y"], rtol=1e-4, atol=1e-4)
+
+
+def test_padding_a_computed_result_holds_is_unknown():
+    # batch 8 under the gpu target's 16-row tiles: the matmul result is padded, and the bias
+    # add puts bias values into the padding rows, so the next matmul's zero-padded operand
+    # must be packed afresh rather than cancelled against it.
+    w1 = RNG.standard_normal((32, 32)).astype(np.float32)
+    w2 = RNG.standard_normal((32, 16)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "one"], ["a"]),
+         helper.make_node("MatMul", ["a", "w2"], ["y"])],
+        "padded",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 16])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"),
+         numpy_helper.from_array(np.array(1.0, np.float32), "one")],
+    )
+    g = tilefold.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    after = optimize(g, "gpu", verify=True).after
+    (add,) = [n for n in after.nodes() if n.op == "Add"]
+    assert add.outputs[0].encoding is not None and add.outputs[0].encoding.pad is None
+    second = [n for n in after.nodes() if n.op == "MatMul"][1]
+    operand = after.node(after.inputs_of(second.name)[0].node)
+    assert operand.op == "Pack" and operand.attrs["encoding"].pad == 0.0
+    x = RNG.standard_normal((8, 32)).astype(np.float32)
+    np.testing.assert_allclose(tilefold.compile(after)({"x": x})["y"], tilefold.compile(g)({"x": x})["y"], rtol=1e-4, atol=1e-3)
