@@ -29,7 +29,7 @@ packed buffers as they are; permutations go through every op with a signature.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -54,6 +54,8 @@ class Mapping:
 
     operands: list[PackedEncoding | None]
     results: list[PackedEncoding | None]
+    ranked: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    """Operands (constants only) to reshape to these higher-rank shapes before packing."""
 
 
 # ---- the mapping of an encoding through an iteration signature ---------------------------
@@ -89,22 +91,29 @@ def map_encoding(node: Node, sig: Signature, in_types: Sequence[TensorType | Non
     order = [src[d] for d in enc.outer_perm(len(src))]
     inner = [src[d] for d in enc.inner_dims_pos]
 
-    def derive(letters: list[str | None] | None, shape: Sequence, operand: bool) -> PackedEncoding | None | bool:
+    ranked: dict[int, tuple[int, ...]] = {}
+
+    def derive(letters: list[str | None] | None, shape: Sequence, slot: int | None) -> PackedEncoding | None | bool:
         if letters is None:
             return None  # a shape operand: not indexed, not packed
-        if operand and all(d == 1 for d in shape):
+        if slot is not None and all(d == 1 for d in shape):
             return None  # one element broadcasts against any buffer
         if None in letters or any(l not in order for l in letters):
             return False
         missing = [l for l in order if l not in letters]
         if missing != order[: len(missing)] or any(l in tiles for l in missing):
-            return False  # a lower-rank operand broadcasts right-aligned on the buffer too
+            full = sig.results[0]  # a lower-rank operand: as if left-padded with size-1 dims
+            if slot is None or full is None or len(full) <= len(letters) or None in full:
+                return False
+            offset = len(full) - len(letters)
+            letters, shape = list(full[:offset]) + letters, (1,) * offset + tuple(shape)
+            ranked[slot] = shape
         perm = tuple(sorted(range(len(letters)), key=lambda d: order.index(letters[d])))
         pos = tuple(sorted((d for d in range(len(letters)) if letters[d] in tiles),
                            key=lambda d: inner.index(letters[d])))
         sizes = tuple(tiles[letters[d]] if shape[d] != 1 else 1 for d in pos)
         packed = PackedEncoding(pos, sizes, perm, enc.pad)
-        if not operand and all(isinstance(d, int) for d in shape) and packed.is_padded(shape):
+        if slot is None and all(isinstance(d, int) for d in shape) and packed.is_padded(shape):
             packed = packed.with_pad(None)  # what an op leaves in padding is not known
         return canonical(packed, shape)
 
@@ -113,17 +122,17 @@ def map_encoding(node: Node, sig: Signature, in_types: Sequence[TensorType | Non
         if t is None:
             operands.append(None)
             continue
-        got = enc if (not is_result and i == index) else derive(_letters(sig, i, False), t.shape, True)
+        got = enc if (not is_result and i == index) else derive(_letters(sig, i, False), t.shape, i)
         if got is False:
             return None
         operands.append(got)  # type: ignore[arg-type]
     results: list[PackedEncoding | None] = []
     for k, t in enumerate(out_types):
-        got = enc if (is_result and k == index) else derive(_letters(sig, k, True), t.shape, False)
+        got = enc if (is_result and k == index) else derive(_letters(sig, k, True), t.shape, None)
         if got is False:
             return None
         results.append(got)  # type: ignore[arg-type]
-    return Mapping(operands, results)
+    return Mapping(operands, results, ranked)
 
 
 def reshape_perm(src: Sequence[int], dst: Sequence[int], perm: Sequence[int]) -> tuple[int, ...] | None:
@@ -171,14 +180,18 @@ def _producer(graph: Graph, value: Value | None) -> Node | None:
     return graph.node(value.node) if value is not None else None
 
 
-def _source(graph: Graph, value: Value | None, enc: PackedEncoding | None) -> Value | None | bool:
+def _source(graph: Graph, value: Value | None, enc: PackedEncoding | None,
+            shape: tuple[int, ...] | None = None) -> Value | None | bool:
     """What a node may read for `value` in encoding `enc` without a new runtime layout op:
-    the value itself (enc None), a packed constant, or the packed input of an Unpack."""
+    the value itself (enc None), a packed constant (reshaped to `shape` first, when given),
+    or the packed input of an Unpack."""
     if value is None or enc is None:
         return value
     producer = _producer(graph, value)
     if producer.op == CONSTANT:
-        return _packed_constant(graph, producer, enc)
+        return _packed_constant(graph, producer, enc, shape)
+    if shape is not None:
+        return False
     if producer.op == UNPACK:
         packed = graph.inputs_of(producer.name)[0]
         if graph.type_of(packed).encoding == enc:
@@ -186,11 +199,14 @@ def _source(graph: Graph, value: Value | None, enc: PackedEncoding | None) -> Va
     return False
 
 
-def _packed_constant(graph: Graph, const: Node, enc: PackedEncoding) -> Value:
+def _packed_constant(graph: Graph, const: Node, enc: PackedEncoding, shape: tuple[int, ...] | None = None) -> Value:
     value = const.attrs["value"]
     t = const.outputs[0]
     if t.encoding is not None:
         value, t = unpack(value, t.encoding, t.shape), TensorType(t.shape, t.dtype)
+    if shape is not None:
+        value = value.reshape(shape) if isinstance(value, Splat) else np.reshape(value, shape)
+        t = TensorType(shape, t.dtype)
     padded = t.is_static and enc.is_padded(t.shape)
     if isinstance(value, Splat) and not (padded and enc.pad is not None and enc.pad != value.value):
         stored_enc = enc.with_pad(value.value) if padded else enc
@@ -219,7 +235,7 @@ def _rewrite(graph: Graph, node: Node, mapping: Mapping, sources: list[Value | N
 
 def _sources_for(graph: Graph, node: Node, mapping: Mapping) -> list[Value | None] | None:
     inputs = graph.inputs_of(node.name)
-    sources = [_source(graph, v, enc) for v, enc in zip(inputs, mapping.operands)]
+    sources = [_source(graph, v, enc, mapping.ranked.get(i)) for i, (v, enc) in enumerate(zip(inputs, mapping.operands))]
     return None if any(s is False for s in sources) else sources  # type: ignore[return-value]
 
 

@@ -106,7 +106,8 @@ class CpuTarget(Target):
 class GpuTarget(Target):
     """Tiles matching the Triton kernels' blocks: NCHWc16 convolution with weights tiled on
     F and C, and mmt4d-style 2-D tiles for matmul operands (BLOCK 16 here; the Triton backend
-    reads these tiles as its block sizes)."""
+    reads these tiles as its block sizes). A kernel loads a row-major operand 0 with strides
+    as cheaply as a tiled one, so a Pack left in front of an anchor is absorbed."""
 
     name = "gpu"
     block = 16
@@ -117,13 +118,14 @@ class GpuTarget(Target):
             act = PackedEncoding((1,), (t,))
             weight = PackedEncoding((0, 1), (t, t))
             bias = (PackedEncoding((0,), (t,)),) if len(in_types) > 2 and in_types[2] is not None else ()
-            return AnchorLayout((act, weight) + bias, act)
+            return AnchorLayout((act, weight) + bias, act, reads_identity=True)
         if node.op == "MatMul" and all(x is not None and x.rank >= 2 for x in in_types[:2]):
             a, b = in_types[0], in_types[1]
             tiles_a = PackedEncoding((a.rank - 2, a.rank - 1), (t, t))
             tiles_b = PackedEncoding((b.rank - 2, b.rank - 1), (t, t))
             out = node.outputs[0]
-            return AnchorLayout((tiles_a, tiles_b), PackedEncoding((out.rank - 2, out.rank - 1), (t, t)))
+            return AnchorLayout((tiles_a, tiles_b), PackedEncoding((out.rank - 2, out.rank - 1), (t, t)),
+                                reads_identity=True)
         return None
 
 

@@ -74,8 +74,11 @@ def test_gpu_tiles_on_the_mlp_fold_into_the_weights(mlp_path, capsys):
     assert report["layout_ops_before"] == 4 and report["constant_layout_ops_before"] == 2
     assert report["folded_packs"] == 2 and report["packed_constants_after"] >= 2
     assert report["layout_ops_after"] <= report["layout_ops_before"]
-    # 24x40 and 40x10 weights tiled 16x16 are padded to 32x48 and 48x16.
-    assert report["weight_bytes_after"] - report["weight_bytes_before"] == 4 * (32 * 48 + 48 * 16 - 24 * 40 - 40 * 10)
+    # 24x40 and 40x10 weights tiled 16x16 are padded to 32x48 and 48x16; the biases of 40
+    # and 10, broadcast over the tiled rows, are tiled 1x16 and padded to 48 and 16.
+    weights = 32 * 48 + 48 * 16 - 24 * 40 - 40 * 10
+    biases = 48 + 16 - 40 - 10
+    assert report["weight_bytes_after"] - report["weight_bytes_before"] == 4 * (weights + biases)
 
 
 def test_convnet_runs_without_standalone_layout_ops_on_cpu(convnet_path, capsys):

@@ -203,8 +203,8 @@ def test_a_scalar_operand_needs_no_packing(target):
 
 def test_padding_a_computed_result_holds_is_unknown():
     # batch 8 under the gpu target's 16-row tiles: the matmul result is padded, and the bias
-    # add puts bias values into the padding rows, so the next matmul's zero-padded operand
-    # must be packed afresh rather than cancelled against it.
+    # add puts bias values into the padding rows, so the next matmul must not read that
+    # buffer as zero-padded: it reads the unpacked value instead.
     w1 = RNG.standard_normal((32, 32)).astype(np.float32)
     w2 = RNG.standard_normal((32, 16)).astype(np.float32)
     graph = helper.make_graph(
@@ -221,7 +221,6 @@ def test_padding_a_computed_result_holds_is_unknown():
     (add,) = [n for n in after.nodes() if n.op == "Add"]
     assert add.outputs[0].encoding is not None and add.outputs[0].encoding.pad is None
     second = [n for n in after.nodes() if n.op == "MatMul"][1]
-    operand = after.node(after.inputs_of(second.name)[0].node)
-    assert operand.op == "Pack" and operand.attrs["encoding"].pad == 0.0
+    assert after.inputs_of(second.name)[0].node != add.name  # not the buffer with bias in its padding
     x = RNG.standard_normal((8, 32)).astype(np.float32)
     np.testing.assert_allclose(tilefold.compile(after)({"x": x})["y"], tilefold.compile(g)({"x": x})["y"], rtol=1e-4, atol=1e-3)
