@@ -224,3 +224,23 @@ def test_padding_a_computed_result_holds_is_unknown():
     assert after.inputs_of(second.name)[0].node != add.name  # not the buffer with bias in its padding
     x = RNG.standard_normal((8, 32)).astype(np.float32)
     np.testing.assert_allclose(tilefold.compile(after)({"x": x})["y"], tilefold.compile(g)({"x": x})["y"], rtol=1e-4, atol=1e-3)
+
+
+def integer_convnet(channels=(3, 16, 16)) -> onnx.ModelProto:
+    """The convnet with small-integer weights on 8x8 inputs: every float32 sum is an exact
+    integer, and the global average (a division by 64) is exact too."""
+    model = convnet(channels, size=8)
+    for init in model.graph.initializer:
+        values = numpy_helper.to_array(init)
+        small = RNG.integers(-2, 3, values.shape).astype(np.float32)
+        init.CopyFrom(numpy_helper.from_array(small, init.name))
+    return model
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_layout_changes_alone_are_exact_on_small_integers(target):
+    g = tilefold.load(integer_convnet())
+    x = RNG.integers(-3, 4, (2, 3, 8, 8)).astype(np.float32)
+    plain = tilefold.compile(g)({"x": x})["y"]
+    assert np.array_equal(plain * 64, np.round(plain * 64))  # exact values throughout
+    np.testing.assert_array_equal(tilefold.compile(optimize(g, target).after)({"x": x})["y"], plain)
