@@ -165,21 +165,38 @@ def max_errors(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
 
 
 def _compare(console: Console, outputs: dict, reference: dict, rtol: float, atol: float) -> bool:
-    table = Table("output", "max abs err", "max rel err (to max |ref|)", "within rtol/atol", title="against onnxruntime")
-    ok = True
-    for name, want in reference.items():
-        got = outputs.get(name)
-        if got is None or got.shape != want.shape:
-            table.add_row(escape(name), "-", "-", f"[red]shape {None if got is None else got.shape} vs {want.shape}[/red]")
-            ok = False
-            continue
-        abs_err, rel_err = max_errors(got, want)
-        close = bool(np.allclose(got, want, rtol=rtol, atol=atol, equal_nan=True))
-        ok &= close
-        table.add_row(escape(name), f"{abs_err:.3g}", f"{rel_err:.3g}", "[green]yes[/green]" if close else "[red]NO[/red]")
-    console.print(table)
-    console.print(f"rtol={rtol} atol={atol}: " + ("[green]match[/green]" if ok else "[red]MISMATCH[/red]"))
+    ok, rows = compare_outputs(outputs, reference, rtol, atol)
+    console.print(comparison_table(rows, rtol, atol, ok, "against onnxruntime"))
     return ok
+
+
+def compare_outputs(got: dict[str, np.ndarray], want: dict[str, np.ndarray], rtol: float, atol: float
+                    ) -> tuple[bool, list[dict[str, Any]]]:
+    """Per output of `want`: within the tolerances of `got`'s, and the largest errors."""
+    ok, rows = True, []
+    for name, w in want.items():
+        g = got.get(name)
+        if g is None or g.shape != w.shape:
+            ok = False
+            rows.append({"output": name, "ok": False, "error": f"shape {None if g is None else g.shape} vs {w.shape}"})
+            continue
+        abs_err, rel_err = max_errors(g, w)
+        close = bool(np.allclose(g, w, rtol=rtol, atol=atol, equal_nan=True))
+        ok &= close
+        rows.append({"output": name, "ok": close, "max_abs_err": abs_err, "max_rel_err": rel_err})
+    return ok, rows
+
+
+def comparison_table(rows: list[dict[str, Any]], rtol: float, atol: float, ok: bool, title: str) -> Table:
+    table = Table("output", "max abs err", "max rel err (to max |ref|)", "within rtol/atol", title=title,
+                  caption=f"rtol={rtol} atol={atol}: " + ("[green]match[/green]" if ok else "[red]MISMATCH[/red]"))
+    for r in rows:
+        if "error" in r:
+            table.add_row(escape(r["output"]), "-", "-", f"[red]{escape(r['error'])}[/red]")
+        else:
+            table.add_row(escape(r["output"]), f"{r['max_abs_err']:.3g}", f"{r['max_rel_err']:.3g}",
+                          "[green]yes[/green]" if r["ok"] else "[red]NO[/red]")
+    return table
 
 
 def _outputs_table(outputs: dict[str, np.ndarray]) -> Table:
@@ -268,7 +285,8 @@ def cmd_optimize(args: argparse.Namespace, console: Console) -> int:
     else:
         console.print(report)
         if args.check:
-            console.print(_check_table(rows, args.rtol, args.atol, ok))
+            console.print(comparison_table(rows, args.rtol, args.atol, ok,
+                                           "optimized against unoptimized (NumPy backend, same random inputs)"))
     return 0 if ok else EXIT_MISMATCH
 
 
@@ -281,31 +299,7 @@ def check_outputs(
     feeds = make_inputs(reference, {}, dims, seed)
     want = tilefold.compile(reference)(feeds)
     got = tilefold.compile(optimized)(feeds)
-    ok, rows = True, []
-    for name, w in want.items():
-        g = got.get(name)
-        if g is None or g.shape != w.shape:
-            ok = False
-            rows.append({"output": name, "ok": False, "error": f"shape {None if g is None else g.shape} vs {w.shape}"})
-            continue
-        abs_err, rel_err = max_errors(g, w)
-        close = bool(np.allclose(g, w, rtol=rtol, atol=atol, equal_nan=True))
-        ok &= close
-        rows.append({"output": name, "ok": close, "max_abs_err": abs_err, "max_rel_err": rel_err})
-    return ok, rows
-
-
-def _check_table(rows: list[dict[str, Any]], rtol: float, atol: float, ok: bool) -> Table:
-    table = Table("output", "max abs err", "max rel err (to max |ref|)", "within rtol/atol",
-                  title="optimized against unoptimized (NumPy backend, same random inputs)",
-                  caption=f"rtol={rtol} atol={atol}: " + ("[green]match[/green]" if ok else "[red]MISMATCH[/red]"))
-    for r in rows:
-        if "error" in r:
-            table.add_row(escape(r["output"]), "-", "-", f"[red]{escape(r['error'])}[/red]")
-        else:
-            table.add_row(escape(r["output"]), f"{r['max_abs_err']:.3g}", f"{r['max_rel_err']:.3g}",
-                          "[green]yes[/green]" if r["ok"] else "[red]NO[/red]")
-    return table
+    return compare_outputs(got, want, rtol, atol)
 
 
 def _pairs(items: list[str], flag: str) -> dict[str, str]:
