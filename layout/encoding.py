@@ -20,7 +20,7 @@ from ..graph.errors import VerifyError
 from ..graph.types import Dim
 
 
-def _ceil_div(a: int, b: int) -> int:
+def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
@@ -60,7 +60,7 @@ class PackedEncoding:
 
     def outer_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
         tiles = self.tiles()
-        outer = [_ceil_div(d, tiles[i]) if i in tiles else d for i, d in enumerate(shape)]
+        outer = [ceil_div(d, tiles[i]) if i in tiles else d for i, d in enumerate(shape)]
         return tuple(outer[i] for i in self.outer_perm(len(shape)))
 
     def physical_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
@@ -70,7 +70,7 @@ class PackedEncoding:
 
     def padded_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
         tiles = self.tiles()
-        return tuple(_ceil_div(d, tiles[i]) * tiles[i] if i in tiles else d for i, d in enumerate(shape))
+        return tuple(ceil_div(d, tiles[i]) * tiles[i] if i in tiles else d for i, d in enumerate(shape))
 
     def nbytes(self, shape: Sequence[int], dtype: np.dtype) -> int:
         return int(np.prod(self.physical_shape(shape), dtype=np.int64)) * np.dtype(dtype).itemsize
@@ -123,7 +123,7 @@ class PackedEncoding:
 
 
 def _outer_size(shape: Sequence, d: int, tiles: dict[int, int]) -> int:
-    return _ceil_div(shape[d], tiles[d]) if d in tiles else shape[d]
+    return ceil_div(shape[d], tiles[d]) if d in tiles else shape[d]
 
 
 def canonical(enc: PackedEncoding | None, shape: Sequence[Dim]) -> PackedEncoding | None:

@@ -31,7 +31,7 @@ from typing import Any, Iterable
 from ..graph import Graph, Node, Splat, TensorType
 from ..graph.registry import REGISTRY
 from . import LayoutResult
-from .encoding import PackedEncoding, _ceil_div
+from .encoding import PackedEncoding, ceil_div
 
 LAYOUT_OPS = ("Pack", "Unpack", "Transpose")
 _IDENTITY = PackedEncoding((), ())
@@ -179,7 +179,7 @@ def _element_order(t: TensorType, labels: tuple[int, ...]) -> list[Axis]:
     for d in order:
         size = shape[d]
         if d in tiles:
-            size = _ceil_div(size, tiles[d]) if isinstance(size, int) else f"ceil({size}/{tiles[d]})"
+            size = ceil_div(size, tiles[d]) if isinstance(size, int) else f"ceil({size}/{tiles[d]})"
         axes.append((labels[d], size, tiles.get(d, 1)))
     if enc is not None:
         axes += [(labels[d], tile, 1) for d, tile in zip(enc.inner_dims_pos, enc.inner_tiles)]

@@ -83,7 +83,7 @@ def _fold_splat(node: Node, kind: str | None, types: list, consts: list, evaluat
     if node.op == "ConstantOfShape":
         value = node.attrs.get("value")
         scalar = np.asarray(value).reshape(-1)[0] if value is not None else np.float32(0)
-        shape = [int(d) for d in np.asarray(_array(consts[0])).reshape(-1)]
+        shape = [int(d) for d in np.asarray(as_array(consts[0])).reshape(-1)]
         return [Splat(scalar.item(), tuple(shape), scalar.dtype)]
     if kind is None or len(node.outputs) != 1 or not any(isinstance(c, Splat) for c in data):
         return None
@@ -93,7 +93,7 @@ def _fold_splat(node: Node, kind: str | None, types: list, consts: list, evaluat
     if kind == "movement" and isinstance(consts[0], Splat):
         return [Splat(consts[0].value, out_type.shape, out_type.dtype)]
     if kind == "elementwise" and all(isinstance(c, Splat) or c.size == 1 for c in data):
-        tiny = [None if c is None else np.reshape(_array(c).reshape(-1)[:1], (1,) * c.ndim) for c in consts]
+        tiny = [None if c is None else np.reshape(as_array(c).reshape(-1)[:1], (1,) * c.ndim) for c in consts]
         value = evaluate(node, tiny)[0]
         return [Splat(value.reshape(-1)[0].item(), out_type.shape, value.dtype)]
     return None
@@ -108,10 +108,6 @@ def _worth_folding(node: Node, consts: Sequence[ConstValue | None]) -> bool:
             return True  # a data-dependent shape: folding is what makes it static
         size_out += n
     return size_out <= max(MAX_GROWTH * size_in, SMALL)
-
-
-def _array(value: ConstValue) -> np.ndarray:
-    return as_array(value)
 
 
 def _replace_with_constants(graph: Graph, node: Node, values: list[ConstValue]) -> None:
@@ -183,7 +179,7 @@ def _apply(fn: Any, *args: ConstValue | float) -> ConstValue:
         shape = np.broadcast_shapes(*(a.shape for a in args if isinstance(a, Splat)))
         values = [np.asarray(a.value if isinstance(a, Splat) else a, dtype) for a in args]
         return Splat(np.asarray(fn(*values), dtype).item(), shape, dtype)
-    return np.asarray(fn(*(_array(a) if isinstance(a, (Splat, np.ndarray)) else a for a in args)), dtype)
+    return np.asarray(fn(*(as_array(a) if isinstance(a, (Splat, np.ndarray)) else a for a in args)), dtype)
 
 
 def _scale_rows(weight: ConstValue, factor: ConstValue) -> ConstValue:
