@@ -278,5 +278,17 @@ class Graph:
         """Elements held in constants (splats count their logical size)."""
         return sum(int(np.prod(n.attrs["value"].shape, dtype=np.int64)) for n in self.constants())
 
+    def summary(self) -> Any:
+        """Ops, parameters, layout ops and devices at a glance (a table: HTML in Jupyter)."""
+        from .summary import summary
+
+        return summary(self)
+
+    def draw(self, **options: Any) -> Any:
+        """A matplotlib drawing of the graph, or of a chosen part of it (see `graph.draw.draw`)."""
+        from .draw import draw
+
+        return draw(self, **options)
+
     def __repr__(self) -> str:
         return f"<Graph {self.name!r}: {len(self)} nodes, {len(self.inputs)} inputs, {len(self.outputs)} outputs>"

@@ -130,6 +130,30 @@ class GpuTarget(Target):
         return None
 
 
+class DeviceTargets(Target):
+    """One target per device: each node is planned by the target of the device it runs on
+    (`node.device`), so a graph placed on several devices gets each device's layouts."""
+
+    def __init__(self, targets: dict[str, Target], default: Target) -> None:
+        super().__init__("+".join(sorted({t.name for t in [*targets.values(), default]})))
+        self.targets = targets
+        self.default = default
+        self.anchors = frozenset().union(*(t.anchors for t in [*targets.values(), default]))
+
+    def _of(self, node: Node) -> Target:
+        return self.targets.get(node.device or "", self.default)
+
+    def anchor_layout(self, node: Node, in_types: Sequence[TensorType | None]) -> AnchorLayout | None:
+        target = self._of(node)
+        return target.anchor_layout(node, in_types) if node.op in target.anchors else None
+
+    def reads(self, node: Node, slot: int, t: TensorType) -> bool:
+        return self._of(node).reads(node, slot, t)
+
+    def writes(self, node: Node, t: TensorType) -> bool:
+        return self._of(node).writes(node, t)
+
+
 TARGETS: dict[str, Target] = {}
 
 

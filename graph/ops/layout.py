@@ -33,3 +33,14 @@ register(OpDef("Pack", infer=_pack,
                doc="attrs: encoding. The packed buffer of its input (tensor.pack)."))
 register(OpDef("Unpack", infer=_unpack,
                doc="The logical (row-major) tensor held by a packed buffer (tensor.unpack)."))
+
+
+def _transfer(attrs, types, consts):
+    (x,) = types
+    return [x]
+
+
+register(OpDef("Transfer", infer=_transfer, defaults={"source": "cpu"},
+               doc="attrs: source, target (device names). The same buffer, copied from the source "
+                   "device's memory to the target's. Opaque to layout propagation, so that no pack "
+                   "moves across a device boundary unaccounted for."))

@@ -39,6 +39,17 @@ def as_array(x: Any) -> np.ndarray:
     return x if type(x) is np.ndarray else np.asarray(x)
 
 
+def is_splat(a: np.ndarray) -> bool:
+    """A broadcast view of one element (a splat constant, as `Splat.to_array` gives it)."""
+    return a.size > 1 and not any(a.strides)
+
+
+def dense(a: np.ndarray) -> np.ndarray:
+    """`a` as a contiguous array for BLAS, except a splat view, which stays one element
+    broadcast: splat weights are never materialized (BLAS calls copy them per call)."""
+    return a if is_splat(a) else np.ascontiguousarray(a)
+
+
 def view_of_first(x: np.ndarray, *others: Any) -> np.ndarray:
     """`x`, or a copy of it when it also arrives as another input (Squeeze(v, v)): the result
     of a views kernel may share memory with input 0 only."""

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..registry import KernelSpec, Run, kernel
-from .common import check_dtypes, prod, unsupported, window_geometry, windows
+from .common import check_dtypes, dense, prod, unsupported, window_geometry, windows
 from .winograd import weight_transform, winograd_conv
 
 
@@ -52,7 +52,7 @@ def _matmul(spec: KernelSpec) -> Run:
     check_dtypes(spec)
     weight = spec.const_array(1)
     if weight is not None and weight.ndim == 2:
-        weight = np.ascontiguousarray(wide(weight))
+        weight = dense(wide(weight))
         return lambda a, _b: matmul(a, weight).astype(a.dtype, copy=False)
     return matmul
 
@@ -74,7 +74,7 @@ def _gemm(spec: KernelSpec) -> Run:
         weight = weight.T if trans_b else weight
         if floating and alpha != 1.0:
             weight, scale = (weight * dtype.type(alpha)).astype(dtype), 1.0
-        weight = np.ascontiguousarray(weight)
+        weight = dense(weight)
     bias = spec.const_array(2) if len(spec.consts) > 2 else None
     bias_scaled = bias is not None and floating
     if bias_scaled and beta != 1.0:
@@ -103,7 +103,7 @@ def _gemm(spec: KernelSpec) -> Run:
 def conv_weight_matrix(w: np.ndarray, groups: int) -> np.ndarray:
     """W (F, C/g, *k) as a contiguous stack of GEMM matrices (g, F/g, C/g * prod(k))."""
     f = w.shape[0]
-    return np.ascontiguousarray(w.reshape(groups, f // groups, -1))
+    return dense(w.reshape(groups, f // groups, -1))
 
 
 def conv(x: np.ndarray, wmat: np.ndarray, kernel_shape: tuple[int, ...], attrs: dict[str, Any],

@@ -27,7 +27,7 @@ import numpy as np
 
 from ....layout.encoding import PackedEncoding
 from ..registry import KernelSpec, Run, packed_kernel
-from .common import Window, check_dtypes, prod, window_geometry, windows
+from .common import Window, check_dtypes, dense, prod, window_geometry, windows
 from .linalg import wide
 from .packed_winograd import winograd_nhwc, winograd_weight, worth_winograd_nhwc
 
@@ -175,7 +175,7 @@ class ConvWeights:
         if g == 1:
             return self.rscf.reshape(1, taps * cg, f)
         per = self.rscf.reshape(taps, cg, g, f // g).transpose(2, 0, 1, 3)
-        return np.ascontiguousarray(per).reshape(g, taps * cg, f // g)
+        return dense(per).reshape(g, taps * cg, f // g)
 
     @functools.cached_property
     def gemm_channels_first(self) -> np.ndarray:
@@ -183,7 +183,7 @@ class ConvWeights:
         *k, cg, f = self.rscf.shape
         g = self.groups
         per = self.rscf.reshape(prod(k), cg, g, f // g).transpose(2, 1, 0, 3)
-        return np.ascontiguousarray(per).reshape(g, cg * prod(k), f // g)
+        return dense(per).reshape(g, cg * prod(k), f // g)
 
     @functools.cached_property
     def depthwise(self) -> np.ndarray:
@@ -200,7 +200,7 @@ def conv_weights(w: np.ndarray, packed: bool, groups: int) -> ConvWeights:
     """The RSCF form of a weight buffer (packed RSCF already, or identity FCRS)."""
     w = wide(w)
     rscf = w if packed else w.transpose(weight_gemm(w.ndim))
-    return ConvWeights(np.ascontiguousarray(rscf), groups)
+    return ConvWeights(dense(rscf), groups)
 
 
 # ---- the kernel --------------------------------------------------------------------------------

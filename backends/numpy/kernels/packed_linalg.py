@@ -19,7 +19,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..registry import KernelSpec, Run, packed_kernel
-from .common import check_dtypes
+from .common import check_dtypes, dense
 from .linalg import blasable
 
 _FLOATS = (np.float32, np.float64)
@@ -73,7 +73,7 @@ def _viewer(spec: KernelSpec, index: int) -> Callable[[np.ndarray], np.ndarray]:
 
 def _logical_const(spec: KernelSpec, index: int) -> np.ndarray | None:
     value = spec.const_array(index) if index < len(spec.consts) else None
-    return None if value is None else np.ascontiguousarray(_viewer(spec, index)(value))
+    return None if value is None else dense(_viewer(spec, index)(value))
 
 
 def _product(spec: KernelSpec):
@@ -115,7 +115,8 @@ def _gemm(spec: KernelSpec) -> Run | None:
     trans_a, trans_b = bool(attrs.get("transA", 0)), bool(attrs.get("transB", 0))
     weight = _logical_const(spec, 1)
     if weight is not None:
-        weight = np.ascontiguousarray((weight.T if trans_b else weight) * alpha)
+        weight = weight.T if trans_b else weight
+        weight = dense(weight if alpha == 1 else weight * alpha)
     bias = _logical_const(spec, 2)
     if bias is not None:
         bias = bias * beta

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .common import Window
+from .common import Window, is_splat
 
 _G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
 
@@ -24,6 +24,8 @@ MIN_CHANNELS = 32
 def winograd_weight(rscf: np.ndarray) -> np.ndarray:
     """An RSCF weight (3, 3, C, F) as U (16, C, F), computed in float64."""
     c, f = rscf.shape[2:]
+    if is_splat(rscf):
+        return np.broadcast_to(winograd_weight(np.ascontiguousarray(rscf[:, :, :1, :1])), (16, c, f))
     u = np.einsum("ik,klcf,jl->ijcf", _G, rscf.astype(np.float64), _G)
     return np.ascontiguousarray(u.reshape(16, c, f).astype(rscf.dtype))
 

@@ -14,12 +14,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from .common import is_splat
+
 _G = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0.0, 0.0, 1.0]])
 
 
 def weight_transform(w: np.ndarray) -> np.ndarray:
     """W (F, C, 3, 3) as U (16, F, C) contiguous, computed in float64."""
     f, c = w.shape[:2]
+    if is_splat(w):
+        return np.broadcast_to(weight_transform(np.ascontiguousarray(w[:1, :1])), (16, f, c))
     u = np.einsum("ik,fckl,jl->ijfc", _G, w.astype(np.float64), _G)
     return np.ascontiguousarray(u.reshape(16, f, c).astype(w.dtype))
 
