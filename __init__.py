@@ -23,12 +23,18 @@ if TYPE_CHECKING:
 __version__ = "0.1.0"
 
 
-def load(model: str | os.PathLike | bytes | Any, *, simplify_graph: bool = True, progress: bool = False) -> Graph:
-    """Read an ONNX model (path, bytes or ModelProto) into a Graph, simplified by default."""
+def load(model: str | os.PathLike | bytes | Any, *, simplify_graph: bool = True, progress: bool = False,
+         target: str | None = None) -> Graph:
+    """Read an ONNX model (path, bytes or ModelProto) into a Graph, simplified by default.
+
+    A file tilefold optimized comes back as the optimized graph, exactly as written, unless
+    `target` names another target: then it comes back plain, to be planned again."""
     from .backends.numpy import evaluate_node
     from .frontends.onnx import load_onnx
 
-    graph = load_onnx(model, progress=progress)
+    graph = load_onnx(model, progress=progress, target=target)
+    if graph.meta.get("target"):
+        return graph
     return simplify(graph, evaluate_node) if simplify_graph else graph
 
 
@@ -43,6 +49,15 @@ class Optimized:
 
     def _repr_html_(self) -> str:
         return self.report._repr_html_()
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        self.report._repr_pretty_(printer, cycle)
+
+    def draw(self, **options: Any) -> Any:
+        """The graph before and after propagation side by side, layout ops marked."""
+        from .graph.draw import draw_comparison
+
+        return draw_comparison(self.before, self.graph, **options)
 
 
 def optimize(graph: Graph | str | os.PathLike, target: str = "cpu", *, verify: bool = False) -> Optimized:
@@ -76,10 +91,31 @@ def compile(graph: Graph, *, device: str = "cpu", allow_fallback: bool = True, d
     return NumpyExecutable(graph, allow_fallback=allow_fallback, debug=debug)
 
 
+def save(graph: Graph | Optimized, path: str | os.PathLike, *, progress: bool = False, **options: Any) -> None:
+    """Write a Graph (optimized or not) as a standard ONNX file that onnxruntime runs and
+    `load` reads back; written to a temporary file and renamed, so a failure leaves no
+    partial file. `options` go to the writer (`backends/onnx`)."""
+    from .backends.onnx import save_onnx
+
+    save_onnx(graph.graph if isinstance(graph, Optimized) else graph, path, progress=progress, **options)
+
+
+def from_torch(module: Any, example_inputs: Any, *, simplify_graph: bool = True, **options: Any) -> Graph:
+    """Trace a `torch.nn.Module` for inference into the Graph that `torch.compile(module,
+    backend="tilefold")` sees (core ATen, weights frozen into constants), simplified as
+    `load` simplifies (the backend does the same)."""
+    from .backends.numpy import evaluate_node
+    from .frontends.fx import from_torch as _from_torch
+
+    graph = _from_torch(module, example_inputs, **options)
+    return simplify(graph, evaluate_node) if simplify_graph else graph
+
+
 def run(model: str | os.PathLike | Graph, feeds: dict[str, Any], *, device: str = "cpu") -> dict[str, Any]:
     """Load (if needed), compile and run once."""
     graph = model if isinstance(model, Graph) else load(model)
     return compile(graph, device=device)(feeds)
 
 
-__all__ = ["Graph", "Optimized", "TilefoldError", "compile", "load", "optimize", "run", "__version__"]
+__all__ = ["Graph", "Optimized", "TilefoldError", "compile", "from_torch", "load", "optimize", "run", "save",
+           "__version__"]

@@ -7,6 +7,7 @@ Every failure a user can cause prints one line `tilefold: error: ...` and exits 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -76,6 +77,13 @@ def _parser() -> argparse.ArgumentParser:
     opt.add_argument("--rtol", type=float, default=1e-4)
     opt.add_argument("--atol", type=float, default=1e-5)
     opt.add_argument("--verify", action="store_true", help="run the IR verifier after every pass")
+    opt.add_argument("-o", "--output", type=Path, metavar="PATH",
+                     help="write the optimized model here as a standard ONNX file (onnxruntime runs it; "
+                          "tilefold reads it back as the optimized graph)")
+    opt.add_argument("--form", choices=["auto", "logical", "packed"], default="auto",
+                     help="how packed values are written: logical (ops on logical values), packed (ops on "
+                          "packed buffers, layout changes as Pad/Reshape/Transpose/Slice), auto (the faster "
+                          "in onnxruntime)")
     opt.set_defaults(func=cmd_optimize)
     return parser
 
@@ -232,33 +240,11 @@ def write_outputs(outputs: dict[str, np.ndarray], directory: Path) -> None:
 def cmd_inspect(args: argparse.Namespace, console: Console) -> int:
     import tilefold
     from .backends.numpy import supports
+    from .graph.summary import summary
 
     graph = tilefold.load(args.model, progress=sys.stderr.isatty())
-    console.print(summary_table(graph, supports))
+    console.print(summary(graph, has_kernel=supports))
     return 0
-
-
-def summary_table(graph: Graph, has_kernel: Any) -> Table:
-    """Ops by count, parameters, splats, unsupported ops, inputs and outputs."""
-    constants = list(graph.constants())
-    splats = [n for n in constants if not isinstance(n.attrs["value"], np.ndarray)]
-    arrays = [n.attrs["value"] for n in constants if isinstance(n.attrs["value"], np.ndarray)]
-    fallback = [n for n in graph.nodes() if n.op == "OnnxReference"]
-    missing = sorted({n.op for n in graph.nodes() if not has_kernel(n.op) and n.op not in ("Input", "Output", "Constant")})
-    table = Table("", "", title=escape(str(graph.meta.get("source", graph.name))), show_header=False)
-    for name, t in graph.input_types().items():
-        table.add_row("input", escape(f"{name}: {t}"))
-    for node, value in zip(graph.outputs, graph.output_values()):
-        table.add_row("output", escape(f"{graph.node(node).attrs['name']}: {graph.type_of(value)}"))
-    table.add_row("nodes", str(len(graph)))
-    ops = {op: n for op, n in graph.op_counts().items() if op not in ("Input", "Output", "Constant")}
-    table.add_row("ops", ", ".join(f"{op} {n}" for op, n in ops.items()))
-    table.add_row("parameters", f"{graph.parameter_count():,} elements; {sum(a.nbytes for a in arrays):,} bytes stored")
-    table.add_row("splats", f"{len(splats)} constant(s) kept as one value each")
-    names = sorted({n.attrs.get("onnx_op", "?") for n in fallback})
-    table.add_row("via onnx.reference", ", ".join(names) if names else "none")
-    table.add_row("no kernel", ", ".join(missing) if missing else "none")
-    return table
 
 
 # ---- optimize -------------------------------------------------------------------------
@@ -267,13 +253,24 @@ def cmd_optimize(args: argparse.Namespace, console: Console) -> int:
     from .layout.targets import get_target
 
     get_target(args.target)  # an unknown target fails before the model is read
+    if args.output is not None:
+        from .backends.onnx import check_output_path, save_onnx
+
+        check_output_path(args.output)  # so does an output that cannot be written
     dims = _dims(args.dim)
+    progress = sys.stderr.isatty()
     start = time.perf_counter()
-    graph = tilefold.load(args.model, progress=sys.stderr.isatty())
+    graph = tilefold.load(args.model, progress=progress)
     load_seconds = time.perf_counter() - start
-    optimized = tilefold.optimize(graph, args.target, verify=args.verify)
+    with Console(stderr=True).status("optimizing", spinner="dots") if progress else contextlib.nullcontext():
+        optimized = tilefold.optimize(graph, args.target, verify=args.verify)
     report = optimized.report
     report.load_seconds = load_seconds
+    written = None
+    if args.output is not None:
+        start = time.perf_counter()
+        written = save_onnx(optimized.graph, args.output, progress=progress, form=args.form)
+        written.seconds["total"] = time.perf_counter() - start
     ok, rows = True, []
     if args.check:
         ok, rows = check_outputs(graph, optimized.graph, dims, args.seed, args.rtol, args.atol)
@@ -281,13 +278,44 @@ def cmd_optimize(args: argparse.Namespace, console: Console) -> int:
         data = report.to_dict()
         if args.check:
             data["check"] = {"ok": ok, "rtol": args.rtol, "atol": args.atol, "seed": args.seed, "outputs": rows}
+        if written is not None:
+            data["output"] = _written_dict(written)
         print(json.dumps(data, indent=2))
     else:
         console.print(report)
         if args.check:
             console.print(comparison_table(rows, args.rtol, args.atol, ok,
                                            "optimized against unoptimized (NumPy backend, same random inputs)"))
+        if written is not None:
+            console.print(written_table(graph, optimized.graph, report, written))
     return 0 if ok else EXIT_MISMATCH
+
+
+def _written_dict(written: Any) -> dict[str, Any]:
+    return {"path": str(written.path), "data_path": None if written.data_path is None else str(written.data_path),
+            "file_bytes": written.file_bytes, "weight_bytes": written.weight_bytes,
+            "onnx_ops": written.onnx_ops, "seconds": written.seconds}
+
+
+def written_table(source: Graph, optimized: Graph, report: Any, written: Any) -> Table:
+    """The summary of `optimize -o`: ops, runtime layout ops, weight bytes and time per stage."""
+    from .layout.report import _human
+
+    def ops(g: Graph) -> int:
+        return sum(n for op, n in g.op_counts().items() if op not in ("Input", "Output", "Constant"))
+
+    table = Table("", "before", "after", title=escape(f"wrote {written.path.name}"),
+                  caption=escape(str(written.path.resolve().parent)))
+    table.add_row("ops (tilefold graph)", str(ops(source)), str(ops(optimized)))
+    table.add_row("ONNX nodes written", "", str(sum(written.onnx_ops.values())))
+    table.add_row("runtime layout ops", str(report.before.count()), str(report.after.count()))
+    table.add_row("weight bytes", _human(report.before.weight_bytes), _human(written.weight_bytes))
+    table.add_row("file size", "", _human(written.file_bytes) + ("" if written.data_path is None
+                                                                  else f" (external data {written.data_path.name})"))
+    stages = [("load", report.load_seconds), ("optimize", report.optimize_seconds),
+              ("write", written.seconds.get("total"))]
+    table.add_row("time", "", ", ".join(f"{name} {1e3 * sec:.0f} ms" for name, sec in stages if sec is not None))
+    return table
 
 
 def check_outputs(

@@ -24,14 +24,23 @@ class LayoutResult:
 def optimize(graph: Graph, target: str = "cpu", *, verify: bool = False) -> LayoutResult:
     """Choose the target's layouts for the anchors and fold the layout changes away.
 
-    `graph` is left unchanged; both returned graphs are new.
+    `graph` is left unchanged; both returned graphs are new. A graph already optimized for
+    this target (`graph.meta["target"]`, kept by the ONNX writer) comes back as it is (a copy), as both
+    `before` and `after`, with an empty log; one optimized for another target is stripped to
+    its plain equivalent (`strip.strip_layouts`) and planned again.
     """
     from .materialize import materialize
     from .propagate import propagate
+    from .strip import strip_layouts
     from .targets import get_target
 
     chosen = get_target(target)
     log = PipelineLog()
+    if graph.meta.get("target") == chosen.name:
+        same = graph.copy()
+        return LayoutResult(same, same, chosen.name, log)
+    if graph.meta.get("target"):
+        graph = strip_layouts(graph)
     before = materialize(graph.copy(), chosen, verify=verify, log=log)
     after = propagate(before.copy(), chosen, verify=verify, log=log)
     after.meta["target"] = chosen.name

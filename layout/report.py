@@ -24,6 +24,7 @@ Definitions (the issue's, made exact):
 from __future__ import annotations
 
 import html
+import io
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
@@ -308,6 +309,14 @@ class LayoutReport:
                 left.add_row(escape(o.node), o.op, escape(o.type), _human(o.bytes) if o.bytes is not None else "?")
             parts.append(left)
         return Group(*parts, timing)
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """The table as text in IPython terminals (instead of the dataclass's fields)."""
+        from rich.console import Console
+
+        console = Console(file=io.StringIO(), width=120, record=True, color_system=None)
+        console.print(self)
+        printer.text(console.export_text().rstrip())
 
     def _repr_html_(self) -> str:
         def table(head: Iterable[str], rows: Iterable[Iterable[str]], caption: str) -> str:

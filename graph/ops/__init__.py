@@ -16,7 +16,7 @@ MatMul Gemm Conv BatchNormalization LayerNormalization LRN Softmax LogSoftmax Ma
 AveragePool GlobalAveragePool GlobalMaxPool
 ReduceMean ReduceSum ReduceMax ReduceMin ReduceProd ArgMax ArgMin
 Reshape Flatten Transpose Squeeze Unsqueeze Expand Concat Split Slice Gather GatherElements
-GatherND Tile Pad Shape Size ConstantOfShape Range Trilu
+GatherND Tile Pad Shape Size ConstantOfShape Range Trilu CumSum
 """.split())
 """The ONNX ops (default domain, opset 21 semantics) that tilefold registers and runs
 natively; any other ONNX op becomes an OnnxReference node."""

@@ -140,3 +140,17 @@ for _op in ("ArgMax", "ArgMin"):
         defaults={"axis": 0, "keepdims": 1, "select_last_index": 0},
         doc="int64 index of the extreme value along axis.",
     ))
+
+
+def _cumsum_infer(attrs, types, consts):
+    data, axis = types[0], types[1]
+    if data.rank == 0:
+        raise VerifyError(f"CumSum: input {data} must have rank >= 1")
+    if axis is not None and axis.rank > 1 or (axis is not None and axis.rank == 1 and axis.shape != (1,)):
+        raise VerifyError(f"CumSum: axis {axis} must be a scalar")
+    return [TensorType(data.shape, data.dtype)]
+
+
+register(OpDef("CumSum", infer=_cumsum_infer, min_inputs=2, max_inputs=2, defaults={"exclusive": 0, "reverse": 0},
+               doc="Running sums along the scalar axis input (a scan: no iteration signature, so layout "
+                   "stops here)."))

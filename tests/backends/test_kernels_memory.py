@@ -55,7 +55,7 @@ def test_inplace_and_views_kernels_are_the_expected_ones():
         Floor Ceil Round Sin Cos Sign Not IsNaN IsInf Add Sub Mul Div Pow Mod Max Min Sum Mean Equal Less
         LessOrEqual Greater GreaterOrEqual And Or Xor PRelu Where Clip""".split())
     assert set(VIEWS) == {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Expand", "Slice", "Split",
-                          "Cast", "CastLike", "Identity", "Dropout", "Pack", "Unpack"}
+                          "Cast", "CastLike", "Identity", "Dropout", "Pack", "Unpack", "Transfer"}
 
 
 @pytest.mark.parametrize("op", INPLACE)

@@ -81,7 +81,7 @@ def _sigmoid(x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         return scipy.special.expit(x, out=out)
     if x.dtype != np.float32:
         return _in_float32(_sigmoid, x, out)
-    y = np.negative(x, out=out)
+    y = np.negative(x, out=out if out is not None else np.empty_like(x))  # a 0-d result stays an array
     with np.errstate(over="ignore"):  # exp overflows to inf for x < -88: 1 / inf = 0
         np.exp(y, out=y)
     y += 1

@@ -112,7 +112,9 @@ def _lrn(spec: KernelSpec) -> Run:
 
 # ---- softmax ---------------------------------------------------------------------------
 def _softmax(x: np.ndarray, axis: int, log: bool) -> np.ndarray:
-    y = np.subtract(x, x.max(axis=axis, keepdims=True))
+    if x.size == 0:
+        return np.empty_like(x)
+    y = np.subtract(x, x.max(axis=axis, keepdims=True), out=np.empty_like(x))  # 0-d stays an array
     if log:
         y -= np.log(np.exp(y).sum(axis=axis, keepdims=True))
         return y

@@ -88,3 +88,23 @@ def _register_arg(op: str, fn: Callable) -> None:
 
 _register_arg("ArgMax", np.argmax)
 _register_arg("ArgMin", np.argmin)
+
+
+@kernel("CumSum")
+def _cumsum(spec: KernelSpec) -> Run:
+    check_dtypes(spec)
+    exclusive, reverse = bool(spec.attrs.get("exclusive", 0)), bool(spec.attrs.get("reverse", 0))
+
+    def run(x: np.ndarray, axis: np.ndarray) -> np.ndarray:
+        a = int(np.asarray(axis).reshape(-1)[0])
+        a = a + x.ndim if a < 0 else a
+        if not 0 <= a < x.ndim:
+            raise ValueError(f"axis {int(np.asarray(axis).reshape(-1)[0])} out of range for rank {x.ndim}")
+        src = np.flip(x, a) if reverse else x
+        y = np.cumsum(src, axis=a, dtype=x.dtype)
+        if exclusive:
+            y = np.concatenate([np.zeros_like(np.take(y, [0], axis=a)), np.take(y, range(x.shape[a] - 1), axis=a)],
+                               axis=a)
+        return np.flip(y, a).copy() if reverse else y
+
+    return run

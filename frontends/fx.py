@@ -1,0 +1,203 @@
+"""PyTorch -> Graph: an ATen-level `torch.fx.GraphModule` (core ATen) into a tilefold Graph.
+
+    graph = from_torch(module, (x,))                      # notebooks: the Graph the backend sees
+    compiled = torch.compile(module, backend="tilefold")  # the torch.compile backend (fx_backend.py)
+
+1. A placeholder whose tensor is frozen (a parameter or buffer of a module compiled for
+   inference) becomes a read-only constant sharing memory with the torch tensor, so that
+   layouts fold into it exactly as into ONNX initializers; other placeholders are inputs
+   typed from the traced metadata (`meta["val"]`, static shapes).
+2. `get_attr` tensors (constants lifted by tracing) become constants too.
+3. Each `call_function` node goes through its rule in fx_ops.RULES; `operator.getitem`
+   picks one result of a multi-result node.
+4. The outputs are the graph's outputs `output_0, ...`; a non-tensor output (None, a
+   number) is kept in `graph.meta["fx_outputs"]` so that a runner can rebuild the tuple.
+
+`unsupported_nodes(gm)` says, per node, why a rule cannot take it (no rule, dtype, device,
+symbolic shape, an attribute): the backend partitions the graph on it.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import torch
+import torch.fx
+
+from ..graph.errors import UnsupportedOpError
+from ..graph.graph import Graph
+from ..graph.types import Value, freeze
+from .fx_emit import Emitter, supported_dtype, tensor_type
+from .fx_ops import RULES, SUPPORTED_OPS
+
+OUTPUT_PREFIX = "output_"
+
+
+def graph_from_fx(gm: torch.fx.GraphModule, frozen: Mapping[str, torch.Tensor] | None = None,
+                  name: str = "torch") -> Graph:
+    """The Graph of an ATen-level GraphModule with static shapes; placeholders named in
+    `frozen` become constants holding those tensors (see module docstring)."""
+    frozen = frozen or {}
+    graph = Graph(name)
+    emit = Emitter(graph)
+    outputs: list[Any] = []
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            if node.name in frozen:
+                if not node.users:  # an unused buffer (num_batches_tracked): no constant
+                    continue
+                emit.values[node] = emit.constant(numpy_view(frozen[node.name]), name=node.name)
+            elif isinstance(node.meta.get("val"), torch.Tensor):
+                emit.values[node] = graph.add_input(node.name, tensor_type(node.meta["val"]))
+            else:
+                emit.values[node] = node.meta.get("val")
+        elif node.op == "get_attr":
+            emit.values[node] = emit.constant(numpy_view(_attr(gm, node.target)), name=node.name)
+        elif node.op == "call_function":
+            reason = unsupported_reason(node)
+            if reason is not None:
+                error = UnsupportedOpError(f"fx node {node.name!r} ({node.target}): {reason}")
+                error.fx_node = node.name  # type: ignore[attr-defined]
+                raise error
+            try:
+                if node.target is operator.getitem:
+                    emit.values[node] = emit.values[node.args[0]][node.args[1]]
+                else:
+                    emit.values[node] = RULES[node.target].convert(emit, node)
+            except UnsupportedOpError as exc:
+                exc.fx_node = node.name  # type: ignore[attr-defined]  (the backend runs it eagerly)
+                raise
+        elif node.op == "output":
+            outputs = list(node.args[0]) if isinstance(node.args[0], (tuple, list)) else [node.args[0]]
+        else:
+            raise UnsupportedOpError(f"fx node {node.name!r}: {node.op} nodes are not supported")
+    plan: list[Any] = []
+    for index, out in enumerate(outputs):
+        value = emit.values.get(out) if isinstance(out, torch.fx.Node) else None
+        if isinstance(value, Value):
+            graph.add_output(value, f"{OUTPUT_PREFIX}{index}")
+            plan.append(f"{OUTPUT_PREFIX}{index}")
+        else:
+            plan.append({"value": value if isinstance(out, torch.fx.Node) else out})
+    graph.meta["fx_outputs"] = plan
+    graph.meta["source"] = "torch.fx"
+    return graph
+
+
+def numpy_view(tensor: torch.Tensor) -> np.ndarray:
+    """A read-only numpy array of a CPU tensor, sharing its memory when it is contiguous."""
+    array = tensor.detach()
+    if not supported_dtype(array.dtype):
+        raise UnsupportedOpError(f"a tensor of element type {array.dtype} is not supported by tilefold")
+    if array.device.type != "cpu":
+        raise UnsupportedOpError(f"a tensor on {array.device} cannot be frozen: tilefold runs on the CPU")
+    return freeze(np.ascontiguousarray(array.resolve_conj().resolve_neg().numpy()))
+
+
+def _attr(gm: torch.nn.Module, target: str) -> torch.Tensor:
+    for part in target.split("."):
+        gm = getattr(gm, part)
+    if not isinstance(gm, torch.Tensor):
+        raise UnsupportedOpError(f"get_attr {target!r} is not a tensor")
+    return gm
+
+
+def _tensors(value: Any) -> list[Any]:
+    if isinstance(value, (tuple, list)):
+        return [t for item in value for t in _tensors(item)]
+    return [value] if isinstance(value, torch.Tensor) else []
+
+
+def unsupported_reason(node: torch.fx.Node) -> str | None:
+    """Why tilefold cannot convert this call_function node, or None when it can."""
+    if node.target is operator.getitem:
+        return None
+    rule = RULES.get(node.target)
+    if rule is None:
+        return "no tilefold rule for this op"
+    vals = _tensors(node.meta.get("val"))
+    for a in node.all_input_nodes:
+        vals += _tensors(a.meta.get("val"))
+    for val in vals:
+        if not supported_dtype(val.dtype):
+            return f"element type {val.dtype}"
+        if val.device.type != "cpu":
+            return f"a tensor on {val.device}"
+        if any(not isinstance(d, int) for d in val.shape):
+            return "a symbolic shape"
+    if "val" not in node.meta:
+        return "no traced metadata"
+    try:
+        return rule.check(node) if rule.check is not None else None
+    except Exception as exc:  # a check that cannot read this node's arguments
+        return f"unexpected arguments ({exc})"
+
+
+def unsupported_nodes(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, str]:
+    """Every call_function node tilefold cannot convert, with the reason."""
+    found = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            reason = unsupported_reason(node)
+            if reason is not None:
+                found[node] = reason
+    return found
+
+
+def export_aten(module: torch.nn.Module, example_inputs: Sequence[Any]) -> tuple[torch.fx.GraphModule, dict]:
+    """`torch.export` of `module` decomposed to core ATen: its GraphModule and the tensors of
+    its parameters, buffers and constants by placeholder name."""
+    from torch._decomp import core_aten_decompositions
+    from torch.export.graph_signature import InputKind
+
+    with torch.no_grad():
+        program = torch.export.export(module, tuple(example_inputs), strict=False)
+        program = program.run_decompositions(core_aten_decompositions())
+    tensors = {**program.state_dict, **program.constants}
+    frozen = {
+        spec.arg.name: tensors[spec.target]
+        for spec in program.graph_signature.input_specs
+        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
+    }
+    return program.graph_module, frozen
+
+
+def from_torch(module: torch.nn.Module, example_inputs: Any, **options: Any) -> Graph:
+    """The Graph of `module` for inference on inputs like `example_inputs` (a tensor or a
+    tuple): core ATen, parameters and buffers frozen into constants. The same rules build
+    the graphs `torch.compile(module, backend="tilefold")` runs (before simplification).
+    Options: `name` (the graph's name)."""
+    unknown = set(options) - {"name"}
+    if unknown:
+        raise TypeError(f"from_torch: unknown options {sorted(unknown)}")
+    inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
+    gm, frozen = export_aten(module, inputs)
+    bad = unsupported_nodes(gm)
+    if bad:
+        node, reason = next(iter(bad.items()))
+        ops = sorted({str(n.target) for n in bad})
+        raise UnsupportedOpError(
+            f"{type(module).__name__}: tilefold cannot convert {', '.join(ops)} "
+            f"(first: fx node {node.name!r}: {reason}); torch.compile(backend='tilefold') runs such ops eagerly"
+        )
+    return graph_from_fx(gm, frozen, name=options.get("name", type(module).__name__))
+
+
+def tilefold_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:
+    """The `torch.compile` backend named "tilefold" (see fx_backend.py); `options=` of
+    torch.compile arrive as `options`."""
+    from .fx_backend import tilefold_backend as _backend
+
+    return _backend(gm, example_inputs, **kwargs)
+
+
+def backend(**options: Any) -> Any:
+    """A torch.compile backend with options (target, device, report): see fx_backend.backend."""
+    from .fx_backend import backend as _backend
+
+    return _backend(**options)
+
+
+__all__ = ["SUPPORTED_OPS", "backend", "export_aten", "from_torch", "graph_from_fx", "tilefold_backend",
+           "unsupported_nodes"]

@@ -1,0 +1,60 @@
+"""tilefold.from_torch: module -> Graph (core ATen, weights frozen), against eager PyTorch."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import tilefold
+from tilefold.graph.errors import UnsupportedOpError
+from tilefold.graph.verify import verify_graph
+
+
+
+@pytest.mark.parametrize("name, shape", [("mlp", (8, 32)), ("cnn", (2, 3, 16, 16))])
+def test_from_torch_graph_runs_like_eager(zoo, name, shape):
+    rng = np.random.default_rng(0)
+    model = getattr(zoo, name)(0)
+    x = zoo.randn(rng, *shape)
+    graph = tilefold.from_torch(model, (x,))
+    verify_graph(graph)
+    assert len(graph.inputs) == 1 and "Constant" in graph.op_counts()
+    for _ in range(2):
+        x = zoo.randn(rng, *shape)
+        for g in (graph, tilefold.optimize(graph, "cpu").graph):
+            out = tilefold.compile(g)({graph.inputs[0]: x.numpy()})["output_0"]
+            np.testing.assert_allclose(out, model(x).detach().numpy(), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name, shape", [("mlp", (8, 32)), ("cnn", (2, 3, 16, 16))])
+def test_no_runtime_layout_op_on_the_cpu_target(zoo, name, shape):
+    """The graph the backend optimizes: from_torch's (simplified: weights' transposes folded)."""
+    graph = tilefold.from_torch(getattr(zoo, name)(0), (torch.randn(*shape),))
+    assert tilefold.optimize(graph, "cpu").report.to_dict()["layout_ops_after"] == 0
+
+
+def test_weights_are_frozen_constants_sharing_memory(zoo):
+    model = zoo.mlp(1)
+    graph = tilefold.from_torch(model, (torch.randn(2, 32),), simplify_graph=False)
+    weight = model[0].weight.detach().numpy()
+    constants = [n.attrs["value"] for n in graph.constants() if isinstance(n.attrs["value"], np.ndarray)]
+    shared = [c for c in constants if np.shares_memory(c, weight)]
+    assert shared and not shared[0].flags.writeable
+
+
+def test_from_torch_gives_the_graph_the_backend_sees(zoo):
+    model = zoo.cnn(2)
+    x = torch.randn(2, 3, 16, 16)
+    seen = []
+    with torch.no_grad():
+        torch.compile(model, backend="tilefold", options={"report": seen.append})(x)
+    assert seen[0].graph.op_counts() == tilefold.from_torch(model, (x,)).op_counts()
+
+
+def test_unsupported_op_is_named():
+    class Sorter(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.sort(x).values
+
+    with pytest.raises(UnsupportedOpError, match=r"aten\.sort"):
+        tilefold.from_torch(Sorter(), (torch.randn(3, 4),))
