@@ -14,11 +14,14 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
-# The main job on a generated model: load it, run it on the CPU, compare with onnxruntime.
+# The main job on a generated model: inspect it, run it on the CPU against onnxruntime,
+# optimize its layouts (gpu tiles) into an ONNX file, and run that file against onnxruntime.
 demo: $(STAMP)
 	$(BIN)/python -m tilefold.bench.models mlp --out build/mlp.onnx
 	$(BIN)/tilefold inspect build/mlp.onnx
 	$(BIN)/tilefold run build/mlp.onnx --compare onnxruntime
+	$(BIN)/tilefold optimize build/mlp.onnx --target gpu --check -o build/mlp.gpu.onnx
+	$(BIN)/tilefold run build/mlp.gpu.onnx --compare onnxruntime
 
 # Everything, the slow model-level tests included (about 2 minutes; what CI runs).
 test: $(STAMP)

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .graph import Graph, TilefoldError
 from .graph.passes.pipeline import simplify
 
 if TYPE_CHECKING:
+    from .backends.assign import Placement
+    from .backends.plan import MemoryPlan
     from .layout.report import LayoutReport
 
 __version__ = "0.1.0"
@@ -41,11 +43,15 @@ def load(model: str | os.PathLike | bytes | Any, *, simplify_graph: bool = True,
 @dataclass
 class Optimized:
     """What `optimize` returns: the optimized graph, its layout report, and the graph before
-    propagation (every anchor wrapped in Pack/Unpack: the baseline the report compares with)."""
+    propagation (every anchor wrapped in Pack/Unpack: the baseline the report compares with).
+    With a device request, also where the nodes went (`placement`) and each device's memory
+    plan (`memory`)."""
 
     graph: Graph
     report: LayoutReport
     before: Graph
+    placement: Placement | None = None
+    memory: MemoryPlan | None = None
 
     def _repr_html_(self) -> str:
         return self.report._repr_html_()
@@ -59,14 +65,27 @@ class Optimized:
 
         return draw_comparison(self.before, self.graph, **options)
 
+    def kernels(self) -> Any:
+        """The Triton kernels the optimized graph runs on a GPU (generated source, per kernel)."""
+        from .backends.triton import KernelListing, kernel_sources
 
-def optimize(graph: Graph | str | os.PathLike, target: str = "cpu", *, verify: bool = False) -> Optimized:
+        return KernelListing(kernel_sources(self.graph))
+
+
+def optimize(graph: Graph | str | os.PathLike, target: str = "cpu", *, verify: bool = False,
+             device: str | Sequence[str] | None = None, affinity: Mapping[str, Any] | None = None,
+             dims: Mapping[str, int] | None = None) -> Optimized:
     """Give the anchors (Conv, MatMul, Gemm) the target's packed layouts and fold the layout
     changes into the weights; `graph` is left unchanged.
 
     `graph` may also be a path, read with `load`. `target` names a registered tiling policy
     (built in: "cpu", "gpu"); `verify` runs the IR verifier after every pass. The optimized
     graph computes the same outputs and runs with `compile`.
+
+    With `device` (an ordered request such as "cuda,cpu" or "interp,cpu") and optionally
+    `affinity` ({node-name glob or "op:Kind": request}), nodes are first placed on devices
+    (backends/assign.py) and each device's own target plans its nodes (`target` is then not
+    used); `dims` sizes symbolic dims for the memory plan.
     """
     import time
 
@@ -78,17 +97,47 @@ def optimize(graph: Graph | str | os.PathLike, target: str = "cpu", *, verify: b
         start = time.perf_counter()
         graph = load(graph)
         load_seconds = time.perf_counter() - start
-    result = optimize_layout(graph, target, verify=verify)
-    return Optimized(result.after, LayoutReport.from_result(result, load_seconds=load_seconds), result.before)
+    if device is None and affinity is None:
+        result = optimize_layout(graph, target, verify=verify)
+        return Optimized(result.after, LayoutReport.from_result(result, load_seconds=load_seconds), result.before)
+    from .backends.assign import Placement
+    from .backends.place import place
+    from .backends.plan import plan_memory
+
+    result = place(graph, device or "cpu", affinity, verify=verify)
+    return Optimized(result.after, LayoutReport.from_result(result, load_seconds=load_seconds), result.before,
+                     Placement.of(result.after), plan_memory(result.after, dims))
 
 
-def compile(graph: Graph, *, device: str = "cpu", allow_fallback: bool = True, debug: bool = False):
-    """Compile a Graph for a device; the result is called with a dict of named inputs."""
-    if device != "cpu":
-        raise TilefoldError(f"unknown device {device!r}: this version runs on 'cpu' (NumPy) only")
-    from .backends.numpy import NumpyExecutable
+def compile(graph: Graph, *, device: str | Sequence[str] = "cpu", affinity: Mapping[str, Any] | None = None,
+            allow_fallback: bool = True, debug: bool = False):
+    """Compile a Graph for a device request; the result is called with a dict of named inputs.
 
-    return NumpyExecutable(graph, allow_fallback=allow_fallback, debug=debug)
+    "cpu" runs the NumPy kernels. A request with a Triton device ("interp,cpu", "cuda,cpu")
+    or an `affinity` places every node first (explicit transfers between devices; nodes a
+    device lacks fall back to the next in the request) and runs the Triton backend, which
+    runs the nodes placed on the host with the NumPy kernels."""
+    from .backends.devices import present
+
+    devices = present(device)
+    placed_before = any(n.device not in (None, "cpu") for n in graph.nodes())
+    if affinity is None and devices[0].name == "cpu" and not placed_before:
+        from .backends.numpy import NumpyExecutable
+
+        return NumpyExecutable(graph, allow_fallback=allow_fallback, debug=debug)
+    from .backends.assign import assign_devices
+
+    placed = assign_devices(graph, device, affinity)
+    accelerators = sorted(d for d in placed.meta["devices"] if d != "cpu")
+    if not accelerators:
+        from .backends.numpy import NumpyExecutable
+
+        return NumpyExecutable(placed, allow_fallback=allow_fallback, debug=debug)
+    if len(accelerators) > 1:
+        raise TilefoldError(f"this version runs one Triton device per graph; the placement uses {accelerators}")
+    from .backends.triton import TritonExecutable
+
+    return TritonExecutable(placed, device=accelerators[0], allow_fallback=allow_fallback)
 
 
 def save(graph: Graph | Optimized, path: str | os.PathLike, *, progress: bool = False, **options: Any) -> None:

@@ -56,6 +56,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--rtol", type=float, default=1e-3)
     run.add_argument("--atol", type=float, default=1e-5)
     run.add_argument("--repeat", type=int, default=1, help="time this many runs (median)")
+    run.add_argument("--device", default="cpu", metavar="REQUEST",
+                     help="ordered device choice, e.g. cpu, interp,cpu or cuda,cpu: the first present wins; "
+                          "nodes a device lacks fall back to the next (interp: Triton kernels under Triton's "
+                          "interpreter on the CPU, for testing)")
+    run.add_argument("--affinity", action="append", default=[], metavar="PATTERN=REQUEST",
+                     help="place nodes matching a name glob (or op:Kind) on a device (repeatable)")
+    run.add_argument("--target", help="optimize layouts for this target before running (default: as loaded)")
     run.add_argument("--no-fallback", action="store_true",
                      help="fail instead of running ops without a tilefold kernel through onnx.reference")
     run.set_defaults(func=cmd_run)
@@ -77,6 +84,10 @@ def _parser() -> argparse.ArgumentParser:
     opt.add_argument("--rtol", type=float, default=1e-4)
     opt.add_argument("--atol", type=float, default=1e-5)
     opt.add_argument("--verify", action="store_true", help="run the IR verifier after every pass")
+    opt.add_argument("--device", metavar="REQUEST",
+                     help="place nodes on devices first (e.g. interp,cpu); each device's target plans its nodes")
+    opt.add_argument("--affinity", action="append", default=[], metavar="PATTERN=REQUEST",
+                     help="place nodes matching a name glob (or op:Kind) on a device (repeatable)")
     opt.add_argument("-o", "--output", type=Path, metavar="PATH",
                      help="write the optimized model here as a standard ONNX file (onnxruntime runs it; "
                           "tilefold reads it back as the optimized graph)")
@@ -85,6 +96,12 @@ def _parser() -> argparse.ArgumentParser:
                           "packed buffers, layout changes as Pad/Reshape/Transpose/Slice), auto (the faster "
                           "in onnxruntime)")
     opt.set_defaults(func=cmd_optimize)
+
+    kernels = sub.add_parser("kernels", help="print the Triton kernels a model runs on a GPU (generated source)")
+    kernels.add_argument("model", help="an ONNX file")
+    kernels.add_argument("--target", default="gpu", help="optimize for this target first (default gpu)")
+    kernels.add_argument("--node", metavar="PATTERN", help="only kernels containing a node matching this glob")
+    kernels.set_defaults(func=cmd_kernels)
     return parser
 
 
@@ -94,9 +111,18 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
 
     t0 = time.perf_counter()
     graph = tilefold.load(args.model, progress=sys.stderr.isatty())
+    affinity = _pairs(args.affinity, "--affinity") or None
+    if args.target:
+        graph = tilefold.optimize(graph, args.target).graph
     t1 = time.perf_counter()
-    exe = tilefold.compile(graph, allow_fallback=not args.no_fallback)
+    exe = tilefold.compile(graph, device=args.device, affinity=affinity, allow_fallback=not args.no_fallback)
     t2 = time.perf_counter()
+    if getattr(exe, "note", None):
+        console.print(f"[yellow]{escape(exe.note)}[/yellow]")
+    if exe.graph is not graph:
+        from .backends.assign import Placement
+
+        console.print(Placement.of(exe.graph))
     feeds = make_inputs(graph, _pairs(args.input, "--input"), _dims(args.dim), args.seed)
     times, outputs = [], {}
     for _ in range(max(1, args.repeat)):
@@ -109,9 +135,10 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         f"load {1e3 * (t1 - t0):.1f} ms, compile {1e3 * (t2 - t1):.1f} ms, "
         f"run {1e3 * statistics.median(times):.2f} ms (median of {len(times)})"
     )
-    if exe.fallback_nodes:
-        console.print(f"[yellow]{len(exe.fallback_nodes)} node(s) ran through onnx.reference (no tilefold "
-                      f"kernel): {', '.join(exe.fallback_nodes[:8])}[/yellow]")
+    reference_nodes = [n for n in exe.fallback_nodes if exe.graph.node(n).op == "OnnxReference"]
+    if reference_nodes:
+        console.print(f"[yellow]{len(reference_nodes)} node(s) ran through onnx.reference (no tilefold "
+                      f"kernel): {', '.join(reference_nodes[:8])}[/yellow]")
     if args.output_dir:
         write_outputs(outputs, args.output_dir)
         console.print(f"wrote {len(outputs)} output(s) to {args.output_dir}")
@@ -262,8 +289,10 @@ def cmd_optimize(args: argparse.Namespace, console: Console) -> int:
     start = time.perf_counter()
     graph = tilefold.load(args.model, progress=progress)
     load_seconds = time.perf_counter() - start
+    affinity = _pairs(args.affinity, "--affinity") or None
     with Console(stderr=True).status("optimizing", spinner="dots") if progress else contextlib.nullcontext():
-        optimized = tilefold.optimize(graph, args.target, verify=args.verify)
+        optimized = tilefold.optimize(graph, args.target, verify=args.verify, device=args.device,
+                                      affinity=affinity, dims=dims)
     report = optimized.report
     report.load_seconds = load_seconds
     written = None
@@ -276,6 +305,9 @@ def cmd_optimize(args: argparse.Namespace, console: Console) -> int:
         ok, rows = check_outputs(graph, optimized.graph, dims, args.seed, args.rtol, args.atol)
     if args.report == "json":
         data = report.to_dict()
+        if optimized.placement is not None:
+            data["placement"] = optimized.placement.to_dict()
+            data["memory"] = optimized.memory.to_dict()
         if args.check:
             data["check"] = {"ok": ok, "rtol": args.rtol, "atol": args.atol, "seed": args.seed, "outputs": rows}
         if written is not None:
@@ -283,12 +315,33 @@ def cmd_optimize(args: argparse.Namespace, console: Console) -> int:
         print(json.dumps(data, indent=2))
     else:
         console.print(report)
+        if optimized.placement is not None:
+            console.print(optimized.placement)
+            console.print(optimized.memory)
         if args.check:
             console.print(comparison_table(rows, args.rtol, args.atol, ok,
                                            "optimized against unoptimized (NumPy backend, same random inputs)"))
         if written is not None:
             console.print(written_table(graph, optimized.graph, report, written))
     return 0 if ok else EXIT_MISMATCH
+
+
+def cmd_kernels(args: argparse.Namespace, console: Console) -> int:
+    import fnmatch
+
+    import tilefold
+    from .backends.triton import kernel_sources
+
+    optimized = tilefold.optimize(tilefold.load(args.model, progress=sys.stderr.isatty()), args.target)
+    sources = [(names, source) for names, source in kernel_sources(optimized.graph)
+               if args.node is None or any(fnmatch.fnmatchcase(n, args.node) for n in names)]
+    if args.node is not None and not sources:
+        raise InputError(f"no kernel runs a node matching {args.node!r}")
+    for names, source in sources:
+        print(f"# ---- kernel for {', '.join(names)}")
+        print(source)
+    console.print(f"{len(sources)} kernel(s); target {optimized.report.target}", style="dim")
+    return 0
 
 
 def _written_dict(written: Any) -> dict[str, Any]:

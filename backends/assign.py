@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..graph.errors import InputError, UnsupportedOpError, where
 from ..graph.graph import CONSTANT, INPUT, OUTPUT, Graph, Node
@@ -39,6 +39,26 @@ class Placement:
     @property
     def transfer_count(self) -> int:
         return sum(self.transfers.values())
+
+    def to_dict(self) -> dict:
+        return {"nodes": dict(self.nodes), "transfers": self.transfer_count,
+                "transfer_bytes": sum(self.transfer_bytes.values()),
+                "by_route": {f"{a}->{b}": {"count": n, "bytes": self.transfer_bytes.get((a, b), 0)}
+                             for (a, b), n in self.transfers.items()}}
+
+    def __rich__(self) -> Any:
+        from rich.table import Table
+
+        table = Table(title="device placement", title_justify="left")
+        table.add_column("device")
+        table.add_column("compute nodes", justify="right")
+        table.add_column("transfers in", justify="right")
+        table.add_column("bytes in", justify="right")
+        for device in sorted(set(self.nodes) | {b for _, b in self.transfers}):
+            routes = [key for key in self.transfers if key[1] == device]
+            table.add_row(device, str(self.nodes.get(device, 0)), str(sum(self.transfers[k] for k in routes)),
+                          f"{sum(self.transfer_bytes.get(k, 0) for k in routes):,}")
+        return table
 
     @classmethod
     def of(cls, graph: Graph) -> Placement:
@@ -65,7 +85,7 @@ def assign_devices(graph: Graph, device: Request = "cpu", affinity: Mapping[str,
         if node.op in (INPUT, OUTPUT):
             node.device = HOST
         elif node.op != CONSTANT:
-            node.device = _choose(node, rules, matched, default).name
+            node.device = _choose(graph, node, rules, matched, default).name
     unmatched = [pattern for pattern, hit in matched.items() if not hit]
     if unmatched:
         raise InputError(f"device affinity pattern {unmatched[0]!r} matches no node of graph {graph.name!r}")
@@ -81,7 +101,7 @@ def _matches(pattern: str, node: Node) -> bool:
     return fnmatch.fnmatchcase(node.name, pattern)
 
 
-def _choose(node: Node, rules: list[tuple[str, list[Device]]], matched: dict[str, bool],
+def _choose(graph: Graph, node: Node, rules: list[tuple[str, list[Device]]], matched: dict[str, bool],
             default: list[Device]) -> Device:
     choice: list[Device] = []
     for pattern, devices in rules:
@@ -93,7 +113,7 @@ def _choose(node: Node, rules: list[tuple[str, list[Device]]], matched: dict[str
         choice = [d for d in parse_request(node.device) if d.present]
     choice += [d for d in default if d not in choice]
     for candidate in choice:
-        if candidate.supports(node):
+        if candidate.supports(graph, node):
             return candidate
     names = ",".join(d.name for d in choice)
     raise UnsupportedOpError(f"{where(node)}: no device in {names!r} has a kernel for op {node.op}")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from ..graph.errors import InputError
-from ..graph.graph import Node
+from ..graph.graph import Graph, Node
 
 HOST = "cpu"
 """Where graph inputs arrive and outputs are returned: host memory."""
@@ -26,7 +26,7 @@ class DeviceKind:
     name: str
     target: str
     available: Callable[[int], bool]
-    supports: Callable[[Node], bool]
+    supports: Callable[[Graph, Node], bool]
     indexed: bool = False
     doc: str = ""
 
@@ -48,8 +48,8 @@ class Device:
     def present(self) -> bool:
         return self.kind.available(self.index)
 
-    def supports(self, node: Node) -> bool:
-        return self.kind.supports(node)
+    def supports(self, graph: Graph, node: Node) -> bool:
+        return self.kind.supports(graph, node)
 
 
 DEVICE_KINDS: dict[str, DeviceKind] = {}
@@ -92,16 +92,16 @@ def present(request: str | Sequence[str]) -> list[Device]:
     return found
 
 
-def _numpy_supports(node: Node) -> bool:
+def _numpy_supports(graph: Graph, node: Node) -> bool:
     from .numpy.registry import KERNELS
 
     return node.op in KERNELS
 
 
-def _triton_supports(node: Node) -> bool:
+def _triton_supports(graph: Graph, node: Node) -> bool:
     from .triton import supports
 
-    return supports(node)
+    return supports(graph, node)
 
 
 def _triton_installed(index: int) -> bool:

@@ -21,9 +21,9 @@ from tilefold.graph.types import Value
 
 @pytest.fixture
 def accel(monkeypatch: pytest.MonkeyPatch) -> DeviceKind:
-    kind = DeviceKind("accel", "gpu", lambda i: i == 0, lambda node: node.op != "Relu")
+    kind = DeviceKind("accel", "gpu", lambda i: i == 0, lambda graph, node: node.op != "Relu")
     monkeypatch.setitem(DEVICE_KINDS, "accel", kind)
-    absent = DeviceKind("absent", "gpu", lambda i: False, lambda node: True)
+    absent = DeviceKind("absent", "gpu", lambda i: False, lambda graph, node: True)
     monkeypatch.setitem(DEVICE_KINDS, "absent", absent)
     return kind
 

@@ -132,7 +132,7 @@ def test_views_take_no_memory_and_constants_and_inputs_stay_out_of_the_arena():
 def test_each_device_gets_its_own_arena(monkeypatch):
     from tilefold.backends.devices import DEVICE_KINDS, DeviceKind
 
-    monkeypatch.setitem(DEVICE_KINDS, "accel", DeviceKind("accel", "gpu", lambda i: True, lambda n: n.op != "Relu"))
+    monkeypatch.setitem(DEVICE_KINDS, "accel", DeviceKind("accel", "gpu", lambda i: True, lambda g, n: n.op != "Relu"))
     placed = assign_devices(tilefold.load(mlp_model(batch=4, sizes=(16, 16, 16), seed=0)), "accel,cpu")
     plan = plan_memory(placed)
     assert set(plan.devices) == {"accel", "cpu"}
