@@ -101,6 +101,8 @@ def _parser() -> argparse.ArgumentParser:
     kernels.add_argument("model", help="an ONNX file")
     kernels.add_argument("--target", default="gpu", help="optimize for this target first (default gpu)")
     kernels.add_argument("--node", metavar="PATTERN", help="only kernels containing a node matching this glob")
+    kernels.add_argument("--dim", action="append", default=[], metavar="SYMBOL=SIZE",
+                         help="size of a symbolic dim (default 1): kernels are generated for static shapes")
     kernels.set_defaults(func=cmd_kernels)
     return parser
 
@@ -333,7 +335,10 @@ def cmd_kernels(args: argparse.Namespace, console: Console) -> int:
     from .backends.triton import kernel_sources
 
     optimized = tilefold.optimize(tilefold.load(args.model, progress=sys.stderr.isatty()), args.target)
-    sources = [(names, source) for names, source in kernel_sources(optimized.graph)
+    dims = _dims(args.dim)
+    shapes = {name: tuple(dims.get(d, 1) if isinstance(d, str) else d for d in t.shape)
+              for name, t in optimized.graph.input_types().items()}
+    sources = [(names, source) for names, source in kernel_sources(optimized.graph, shapes=shapes)
                if args.node is None or any(fnmatch.fnmatchcase(n, args.node) for n in names)]
     if args.node is not None and not sources:
         raise InputError(f"no kernel runs a node matching {args.node!r}")

@@ -1,0 +1,123 @@
+"""Generated source -> a launchable Triton kernel, cached by source hash and device.
+
+Templates emit a small Python module with one `@triton.jit` function. It is registered with
+`linecache` under a name derived from its hash, so `inspect` (which both Triton's JIT and its
+interpreter read) finds the source without a file on disk. For the `cuda` device the module's
+`@triton.jit` gives a `JITFunction`; for `interp` every jit'd function of the module is wrapped
+in Triton's `InterpretedFunction`, which runs it with NumPy on the host: tilefold sets the
+interpreter up per kernel instead of through the process-wide `TRITON_INTERPRET` switch.
+Triton's own standard library (`tl.sum`, `tl.max`, ...) was decorated when triton was imported,
+so while an interpreted kernel runs those functions are swapped for interpreted ones, the way
+the interpreter itself patches `triton.language` for the duration of a launch.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib
+import linecache
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+DEVICES = ("cuda", "interp")
+
+_CACHE: dict[tuple[str, str], Any] = {}
+"""(source hash and function, device) -> kernel object: a cache (not state that changes
+behaviour): equal sources build one kernel, shared by every graph that generates it."""
+
+HEADER = "import triton\nimport triton.language as tl\n\n\n"
+
+
+@dataclass
+class KernelPlan:
+    """One generated kernel: its source, the values it reads and writes, and how to launch it.
+
+    `grid(config)` gives the launch grid from the launch configuration, `constexprs(config)`
+    the block sizes passed as `tl.constexpr` arguments; `config` is the group's configuration
+    (launch.config: defaults overridden by the anchor node's `launch`)."""
+
+    name: str
+    kind: str
+    nodes: list[str]
+    source: str
+    inputs: list[Any]
+    outputs: list[Any]
+    grid: Callable[[dict[str, Any]], tuple[int, ...]]
+    constexprs: Callable[[dict[str, Any]], dict[str, Any]]
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha256(self.source.encode()).hexdigest()[:20]
+
+
+def module_source(body: str) -> str:
+    return HEADER + body.strip("\n") + "\n"
+
+
+def build(source: str, fn_name: str, device: str) -> Any:
+    """The kernel `fn_name` of module `source` for `device` ("cuda" or "interp"), cached."""
+    if device not in DEVICES:
+        raise ValueError(f"unknown Triton device {device!r}; expected one of {DEVICES}")
+    digest = hashlib.sha256(source.encode()).hexdigest()[:20]
+    key = (f"{digest}:{fn_name}", device)
+    if key in _CACHE:
+        return _CACHE[key]
+    filename = f"<tilefold-triton-{digest}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace: dict[str, Any] = {"__name__": f"tilefold_triton_{digest}"}
+    exec(compile(source, filename, "exec"), namespace)
+    if device == "interp":
+        from triton.runtime.interpreter import InterpretedFunction
+        from triton.runtime.jit import JITFunction
+
+        for name, member in list(namespace.items()):
+            if isinstance(member, JITFunction):
+                namespace[name] = InterpretedFunction(member.fn)
+    _CACHE[key] = namespace[fn_name]
+    return _CACHE[key]
+
+
+@contextlib.contextmanager
+def interpreted_stdlib() -> Iterator[None]:
+    """While an interpreted kernel runs: triton.language's jit'd helpers, interpreted."""
+    importlib.import_module("triton.experimental.gluon")  # its import asserts the helpers are JITFunctions
+    import triton.language as tl
+    from triton.runtime.interpreter import InterpretedFunction, _LangPatchScope
+    from triton.runtime.jit import JITFunction
+
+    class Scoped(InterpretedFunction):
+        """Triton's nested-call path patches `triton.language` for the callee's module and
+        never restores it (a later JIT compile in the process then fails): restore it here."""
+
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            from triton.runtime.interpreter import _patch_lang
+
+            patched = _patch_lang(self.fn)
+            try:
+                return self.rewrite()(*args, **kwargs)
+            finally:
+                patched.restore()
+
+    scope = _LangPatchScope()
+    for module in (tl, tl.standard, tl.math):
+        for name, member in list(vars(module).items()):
+            if isinstance(member, JITFunction):
+                scope.set_attr(module, name, Scoped(member.fn))
+    try:
+        yield
+    finally:
+        scope.restore()
+
+
+def launch(kernel: Any, device: str, grid: tuple[int, ...], args: list[Any], constexprs: dict[str, Any],
+           num_warps: int, num_stages: int) -> None:
+    """Launch `kernel` on `grid`; the interpreter takes no warps or stages."""
+    if device == "interp":
+        # masked-off lanes are computed too (log(0) there): IEEE results, not errors
+        with interpreted_stdlib(), np.errstate(all="ignore"):
+            kernel[grid](*args, **constexprs)
+    else:
+        kernel[grid](*args, **constexprs, num_warps=num_warps, num_stages=num_stages)

@@ -1,0 +1,256 @@
+"""Elementwise ops as Triton expressions, and the template for a fused elementwise chain.
+
+`OPS` is the table: op -> `expr(args, node, consts)` building the Triton expression of the
+op on argument expressions (None when this variant is not supported: the node then runs on
+the NumPy backend). Values are computed in float32 whatever their storage dtype (float16 and
+bfloat16 are loaded and widened, and narrowed when stored); Cast rounds through its type.
+
+A chain is a run of elementwise nodes whose intermediate results are read only by the next
+node in the run; it iterates the logical elements of its result, reads every operand through
+its own encoding (packed or plain, broadcast numpy-style) and writes the result in its
+encoding. Pack, Unpack and Identity are copies in this view (layout_ops.py), so a chain ending
+in an Unpack writes the plain tensor directly.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ...graph.graph import Graph, Node
+from ...graph.types import Splat, TensorType, Value
+from .indexing import broadcast_index, is_float, offset, triton_dtype, unravel
+from .layout_ops import COPIES, HEADS
+
+Expr = Callable[[list[str], Node, list[Any]], "str | None"]
+"""(argument expressions, the node, its constant inputs) -> expression, or None."""
+
+
+NAN = ", propagate_nan=tl.PropagateNan.ALL"
+"""NaN in, NaN out, as ONNX (and numpy) have it: min/max/clamp otherwise drop a NaN on the GPU
+(Relu and Clip are written with `tl.where`, which keeps it)."""
+
+
+def _unary(fmt: str) -> Expr:
+    return lambda a, node, consts: fmt.format(*a)
+
+
+def _binary(fmt: str) -> Expr:
+    return lambda a, node, consts: fmt.format(*a) if len(a) == 2 else None
+
+
+def _gelu(a: list[str], node: Node, consts: list[Any]) -> str | None:
+    x = a[0]
+    if node.attrs.get("approximate", "none") == "tanh":
+        inner = f"0.7978845608028654 * ({x} + 0.044715 * {x} * {x} * {x})"
+        return f"{x} * (1.0 - 1.0 / (1.0 + tl.exp(2.0 * {inner})))"
+    return f"0.5 * {x} * (1.0 + tl.erf({x} * 0.7071067811865476))"
+
+
+def _clip(a: list[str], node: Node, consts: list[Any]) -> str:
+    expr = a[0]
+    if len(a) > 1 and a[1] != "None":
+        expr = f"tl.where({expr} < {a[1]}, {a[1]}, {expr})"
+    if len(a) > 2 and a[2] != "None":
+        expr = f"tl.where({expr} > {a[2]}, {a[2]}, {expr})"
+    return expr
+
+
+def _pow(a: list[str], node: Node, consts: list[Any]) -> str | None:
+    exponent = consts[1] if len(consts) > 1 else None
+    if not isinstance(exponent, Splat):
+        return None
+    return {1.0: "{0}", 2.0: "{0} * {0}", 3.0: "{0} * {0} * {0}", 0.5: "tl.sqrt({0})",
+            -1.0: "1.0 / {0}"}.get(float(exponent.value), "").format(a[0]) or None
+
+
+def _sum(a: list[str], node: Node, consts: list[Any]) -> str:
+    return " + ".join(a)
+
+
+def _variadic(fn: str, extra: str = "") -> Expr:
+    def expr(a: list[str], node: Node, consts: list[Any]) -> str:
+        out = a[0]
+        for x in a[1:]:
+            out = f"{fn}({out}, {x}{extra})"
+        return out
+
+    return expr
+
+
+
+OPS: dict[str, Expr] = {
+    "Relu": _unary("tl.where({0} < 0.0, 0.0, {0})"),
+    "Neg": _unary("-{0}"),
+    "Abs": _unary("tl.abs({0})"),
+    "Exp": _unary("tl.exp({0})"),
+    "Log": _unary("tl.log({0})"),
+    "Sqrt": _unary("tl.sqrt({0})"),
+    "Reciprocal": _unary("1.0 / {0}"),
+    "Sigmoid": _unary("1.0 / (1.0 + tl.exp(-{0}))"),
+    "Tanh": _unary("1.0 - 2.0 / (1.0 + tl.exp(2.0 * {0}))"),
+    "Erf": _unary("tl.erf({0})"),
+    "Sin": _unary("tl.sin({0})"),
+    "Cos": _unary("tl.cos({0})"),
+    "Floor": _unary("tl.floor({0})"),
+    "Ceil": _unary("tl.ceil({0})"),
+    "HardSwish": _unary("{0} * tl.clamp({0} / 6.0 + 0.5, 0.0, 1.0" + NAN + ")"),
+    "Softplus": _unary("tl.where({0} > 20.0, {0}, tl.log(1.0 + tl.exp({0})))"),
+    "LeakyRelu": lambda a, node, c: f"tl.where({a[0]} >= 0.0, {a[0]}, {a[0]} * {float(node.attrs['alpha'])!r})",
+    "Elu": lambda a, node, c: f"tl.where({a[0]} >= 0.0, {a[0]}, {float(node.attrs['alpha'])!r} * (tl.exp({a[0]}) - 1.0))",
+    "HardSigmoid": lambda a, node, c: (
+        f"tl.clamp({float(node.attrs['alpha'])!r} * {a[0]} + {float(node.attrs['beta'])!r}, 0.0, 1.0{NAN})"),
+    "Gelu": _gelu,
+    "Add": _binary("{0} + {1}"),
+    "Sub": _binary("{0} - {1}"),
+    "Mul": _binary("{0} * {1}"),
+    "Div": _binary("{0} / {1}"),
+    "Pow": _pow,
+    "Max": _variadic("tl.maximum", NAN),
+    "Min": _variadic("tl.minimum", NAN),
+    "Sum": _sum,
+    "Where": lambda a, node, c: f"tl.where({a[0]}, {a[1]}, {a[2]})",
+    "Clip": _clip,
+}
+"""Op -> Triton expression; Pack, Unpack, Identity and Cast come from layout_ops.py, whose
+HEADS (transpose, reshape, gather, pools) may start a chain."""
+
+
+BOOL = {
+    "IsNaN": _unary("({0} != {0})"),
+    "IsInf": lambda a, node, c: {(1, 1): f"(tl.abs({a[0]}) == float('inf'))", (1, 0): f"({a[0]} == float('inf'))",
+                                 (0, 1): f"({a[0]} == -float('inf'))", (0, 0): "False"}[
+        (int(node.attrs.get("detect_positive", 1)), int(node.attrs.get("detect_negative", 1)))],
+    "Not": _unary("({0} == 0)"),
+    "And": _binary("({0} & {1})"),
+    "Or": _binary("({0} | {1})"),
+    "Xor": _binary("({0} ^ {1})"),
+    "Equal": _binary("({0} == {1})"),
+    "Less": _binary("({0} < {1})"),
+    "LessOrEqual": _binary("({0} <= {1})"),
+    "Greater": _binary("({0} > {1})"),
+    "GreaterOrEqual": _binary("({0} >= {1})"),
+}
+"""Ops with bool results (int1 values in the kernel)."""
+OPS.update(BOOL)
+
+
+OPS.update(COPIES)
+
+
+def value_ok(t: TensorType | None) -> bool:
+    """A static float or bool tensor: what chain kernels load and store."""
+    return t is not None and t.is_static and (is_float(t) or t.dtype == np.bool_)
+
+
+def supports(graph: Graph, node: Node) -> bool:
+    """Whether the chain template runs `node`: a table op on static float or bool operands
+    and result (no integer arithmetic), in a supported variant of its attributes."""
+    if node.op not in OPS or len(node.outputs) != 1:
+        return False
+    out = node.outputs[0]
+    if not value_ok(out):
+        return False
+    values = graph.inputs_of(node.name)
+    for value in values:
+        if value is None:
+            continue
+        t = graph.type_of(value)
+        integer_cast = node.op == "Cast" and t.is_static and t.dtype.kind in "iu"  # converted once, exactly
+        if not ((value_ok(t) or integer_cast) and t.rank <= out.rank):
+            return False
+    args = ["x"] * len(values)
+    consts = [graph.constant_value(v) for v in values]
+    return OPS[node.op](args, node, consts) is not None
+
+
+class Loader:
+    """Emits one load per operand value at the current logical index, and literal splats."""
+
+    def __init__(self, graph: Graph, index: Sequence[str], out_shape: Sequence[int], mask: str,
+                 params: list[Value], blocks: Sequence[str] | None = None) -> None:
+        self.graph = graph
+        self.blocks = set(index if blocks is None else blocks)
+        self.index = list(index)
+        self.out_shape = [int(d) for d in out_shape]
+        self.mask = mask
+        self.params = params
+        self.lines: list[str] = []
+        self.names: dict[Value, str] = {}
+
+    def __call__(self, value: Value) -> str:
+        const = self.graph.constant_value(value)
+        if isinstance(const, Splat) and const.dtype.kind in "fb":
+            return repr(float(const.value)) if const.dtype.kind == "f" else repr(bool(const.value))
+        if value in self.names:
+            return self.names[value]
+        t = self.graph.type_of(value)
+        if value not in self.params:
+            self.params.append(value)
+        param = f"in{self.params.index(value)}"
+        var = f"x{len(self.names)}"
+        index = broadcast_index(t, self.index, self.out_shape)
+        where = offset(t, index)
+        if any(i in self.blocks for i in index if i is not None):
+            load = f"tl.load({param} + {where}, mask={self.mask})"
+        else:  # a scalar per program (a broadcast scalar, a per-batch value): no block mask
+            load = f"tl.load({param} + {where})"
+        if t.dtype.name in ("float16", "bfloat16"):
+            load += ".to(tl.float32)"
+        self.lines.append(f"{var} = {load}  # {self.graph.value_name(value)}: {t}")
+        self.names[value] = var
+        return var
+
+
+def emit_chain(graph: Graph, nodes: Sequence[Node], load: Loader, env: dict[Value, str]) -> tuple[list[str], str]:
+    """Lines computing `nodes` in order (inputs from `env` or `load`); the last result's name."""
+    lines: list[str] = []
+    var = ""
+    for k, node in enumerate(nodes):
+        values = graph.inputs_of(node.name)
+        args = ["None" if v is None else env[v] if v in env else load(v) for v in values]
+        consts = [graph.constant_value(v) for v in values]
+        expr = OPS[node.op](args, node, consts)
+        assert expr is not None, node
+        var = f"v{len(env)}"
+        lines.extend(load.lines)
+        load.lines.clear()
+        lines.append(f"{var} = {expr}  # {node.name} ({node.op})")
+        env[Value(node.name)] = var
+    return lines, var
+
+
+def store_expr(var: str, t: TensorType) -> str:
+    return var if t.dtype.name in ("float32", "bool") else f"{var}.to({triton_dtype(t.dtype)})"
+
+
+def chain_kernel(graph: Graph, nodes: Sequence[Node], fn_name: str) -> tuple[str, list[Value]]:
+    """Source of a kernel running the chain `nodes` over the logical elements of its result;
+    parameters: one pointer per external operand (returned), then the result's."""
+    out_t = nodes[-1].outputs[0]
+    shape = [int(d) for d in out_t.shape]
+    nodes = list(nodes)
+    numel = int(np.prod(shape, dtype=np.int64))
+    names = [f"i{d}" for d in range(len(shape))]
+    params: list[Value] = []
+    load = Loader(graph, names, shape, "mask", params)
+    env: dict[Value, str] = {}
+    body: list[str] = []
+    var = ""
+    if nodes[0].op in HEADS:
+        body, var = HEADS[nodes[0].op](graph, nodes[0], names, params)
+        env[Value(nodes[0].name)] = var
+        nodes = nodes[1:]
+    more, last = emit_chain(graph, nodes, load, env)
+    body += more
+    var = last or var
+    where = offset(out_t, names) if shape else "offs"  # a rank-0 result: lane 0 of a block
+    start = "tl.program_id(0) * BLOCK" if numel < 2**31 - 2**20 else "tl.program_id(0).to(tl.int64) * BLOCK"
+    lines = [f"offs = {start} + tl.arange(0, BLOCK)", f"mask = offs < {numel}"]
+    lines += unravel("offs", shape, names) if shape else []
+    lines += body
+    lines.append(f"tl.store(out0 + {where}, {store_expr(var, out_t)}, mask=mask)  # {out_t}")
+    args = ", ".join([f"in{i}" for i in range(len(params))] + ["out0", "BLOCK: tl.constexpr"])
+    source = "@triton.jit\ndef {}({}):\n{}\n".format(fn_name, args, "\n".join("    " + line for line in lines))
+    return source, params
+

@@ -1,0 +1,115 @@
+"""Addressing a buffer from logical indices: the one place that knows how an encoding lays
+out a tensor, for every template.
+
+A value's buffer is `layout.encoding.pack(logical, encoding)`. A kernel indexes it with one
+expression per logical dim (a scalar, or a block like `rm[:, None]`); `offset` turns those
+into the element offset in the physical buffer: a dim tiled by t contributes
+`(i // t) * outer_stride + (i % t) * inner_stride`, an untiled dim `i * stride`. Templates
+therefore iterate in logical coordinates and read or write packed and plain operands alike;
+when a block covers whole tiles (the launch verifier checks it), each tile is read
+contiguously.
+"""
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+import numpy as np
+
+from ...graph.types import TensorType
+from ...layout.encoding import PackedEncoding
+
+
+def physical_shape(t: TensorType) -> tuple[int, ...]:
+    shape = tuple(int(d) for d in t.shape)
+    return shape if t.encoding is None else tuple(t.encoding.physical_shape(shape))
+
+
+def _strides(shape: Sequence[int]) -> list[int]:
+    strides = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        strides[i] = strides[i + 1] * int(shape[i + 1])
+    return strides
+
+
+def _term(index: str, stride: int) -> str:
+    return index if stride == 1 else f"{index} * {stride}"
+
+
+_ATOM = re.compile(r"^[A-Za-z_]\w*(\[[^\]]*\])?$")
+
+
+def _paren(expr: str) -> str:
+    """`expr` as an operand of `*`, `//`, `%`: names and subscripts stay bare."""
+    return expr if _ATOM.match(expr) else f"({expr})"
+
+
+def offset(t: TensorType, index: Sequence[str | None]) -> str:
+    """The element offset of logical index `index` (one expression per dim of `t`; None
+    for a dim read at 0, a broadcast dim) in the physical buffer of `t`."""
+    shape = [int(d) for d in t.shape]
+    if len(index) != len(shape):
+        raise ValueError(f"{len(index)} indices for a rank-{len(shape)} tensor")
+    terms: list[str] = []
+    if t.encoding is None:
+        for i, stride in zip(index, _strides(shape)):
+            if i is not None and stride:
+                terms.append(_term(_paren(i), stride))
+        return " + ".join(terms) or "0"
+    enc: PackedEncoding = t.encoding
+    phys = physical_shape(t)
+    strides = _strides(phys)
+    rank = len(shape)
+    outer_axis = {d: a for a, d in enumerate(enc.outer_perm(rank))}
+    inner_axis = {d: rank + j for j, d in enumerate(enc.inner_dims_pos)}
+    tiles = enc.tiles()
+    for d, i in enumerate(index):
+        if i is None:
+            continue
+        if d in tiles:
+            tile = tiles[d]
+            if phys[outer_axis[d]] > 1:
+                terms.append(_term(f"({_paren(i)} // {tile})", strides[outer_axis[d]]))
+            if tile > 1:
+                terms.append(_term(f"({_paren(i)} % {tile})", strides[inner_axis[d]]))
+        elif phys[outer_axis[d]] > 1:
+            terms.append(_term(_paren(i), strides[outer_axis[d]]))
+    return " + ".join(terms) or "0"
+
+
+def broadcast_index(t: TensorType, index: Sequence[str], out_shape: Sequence[int]) -> list[str | None]:
+    """Index of an operand `t` broadcast (numpy rules, right-aligned) to `out_shape`."""
+    lead = len(out_shape) - t.rank
+    return [None if int(t.shape[d]) == 1 and int(out_shape[lead + d]) != 1 else index[lead + d]
+            for d in range(t.rank)]
+
+
+def unravel(flat: str, shape: Sequence[int], names: Sequence[str]) -> list[str]:
+    """Lines `name_d = flat // stride % size` splitting a flat row-major index into dims."""
+    strides = _strides(shape)
+    lines = []
+    for d, (name, size, stride) in enumerate(zip(names, shape, strides)):
+        expr = flat if stride == 1 else f"{flat} // {stride}"
+        if d > 0:
+            expr = f"{_paren(expr)} % {size}"
+        lines.append(f"{name} = {expr}")
+    return lines
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def triton_dtype(dtype: np.dtype | str) -> str:
+    """The `tl.` name of a numpy dtype."""
+    name = np.dtype(dtype).name if not isinstance(dtype, str) or dtype != "bfloat16" else "bfloat16"
+    table = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16", "float64": "tl.float64",
+             "int64": "tl.int64", "int32": "tl.int32", "int8": "tl.int8", "uint8": "tl.uint8", "bool": "tl.int1"}
+    return table[name]
+
+
+FLOATS = frozenset({"float32", "float16", "bfloat16"})
+
+
+def is_float(t: TensorType | None) -> bool:
+    return t is not None and t.dtype.name in FLOATS

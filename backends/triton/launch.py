@@ -1,0 +1,103 @@
+"""Launch configuration as data on the nodes: defaults, user overrides, verification.
+
+A kernel's configuration (block sizes, `num_warps`, `num_stages`, for matmul the dot's
+`input_precision`) is stored on the first node of its group (`node.launch`, a dict; the ONNX
+writer keeps it), so it travels with the graph: `set_launch(graph, "matmul*", BLOCK_M=64)`
+from Python, or the attribute in an optimized ONNX file. What is not set comes from the
+defaults, computed here from shapes and dtypes and the gpu target's tile size
+(`GpuTarget.block`: the target owns the device facts; the per-template rules live with each
+template). `verify_launch` rejects unknown keys, block sizes that are not powers of two, a
+block that does not cover whole tiles of a packed operand it reads or a packed result it
+writes (the tile and the block must agree), and rows longer than a reduction's block.
+"""
+from __future__ import annotations
+
+import fnmatch
+from typing import Any
+
+from ...graph.errors import VerifyError, where
+from ...graph.graph import Graph, Node
+from ...layout.targets import GpuTarget, get_target
+from .fusion import Group, group_nodes
+from .templates import TEMPLATES, classify
+
+
+def tile_size(graph: Graph) -> int:
+    """The gpu target's tile: the smallest block a kernel uses."""
+    return int(getattr(get_target("gpu"), "block", GpuTarget.block))
+
+
+def defaults(graph: Graph, group: Group) -> dict[str, Any]:
+    return TEMPLATES[group.kind].defaults(graph, group.nodes, tile_size(graph))
+
+
+def config(graph: Graph, group: Group) -> dict[str, Any]:
+    """The group's launch configuration: the defaults, overridden by its anchor's `launch`."""
+    return {**defaults(graph, group), **(group.anchor.launch or {})}
+
+
+def _is_pow2(value: Any) -> bool:
+    return isinstance(value, int) and value > 0 and value & (value - 1) == 0
+
+
+def check(graph: Graph, group: Group, chosen: dict[str, Any]) -> None:
+    """Raise VerifyError (one line: node, key, tile, block) for a bad configuration."""
+    template = TEMPLATES[group.kind]
+    anchor = group.anchor
+    unknown = sorted(set(chosen) - template.keys)
+    if unknown:
+        raise VerifyError(f"{where(anchor)}: unknown launch key {unknown[0]!r} for a {group.kind} kernel; "
+                          f"known: {', '.join(sorted(template.keys))}")
+    for key, value in chosen.items():
+        if key.startswith("BLOCK") and not _is_pow2(value):
+            raise VerifyError(f"{where(anchor)}: launch {key}={value!r} is not a positive power of two")
+        if key == "num_warps" and not _is_pow2(value):
+            raise VerifyError(f"{where(anchor)}: launch num_warps={value!r} is not a positive power of two")
+        if key in ("num_stages", "GROUP_M") and not (isinstance(value, int) and value >= 1):
+            raise VerifyError(f"{where(anchor)}: launch {key}={value!r} must be an integer >= 1")
+    if group.kind in ("matmul", "conv"):
+        for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
+            if chosen[key] < 16:
+                raise VerifyError(f"{where(anchor)}: launch {key}={chosen[key]} is below 16, the smallest tl.dot block")
+        if chosen.get("input_precision", "ieee") not in ("ieee", "tf32", "tf32x3"):
+            raise VerifyError(f"{where(anchor)}: launch input_precision={chosen['input_precision']!r}; "
+                              "expected 'ieee', 'tf32' or 'tf32x3'")
+    for what, t, dim, key in template.tiles(graph, group.nodes):
+        tile = t.encoding.tiles().get(dim) if t.encoding is not None else None
+        if tile is not None and chosen[key] % tile:
+            raise VerifyError(f"{where(anchor)}: launch {key}={chosen[key]} does not cover whole tiles of "
+                              f"{what}, {t}: dim {dim} is tiled by {tile}")
+    problem = template.check(graph, group.nodes, chosen)
+    if problem:
+        raise VerifyError(f"{where(anchor)}: launch {problem}")
+
+
+def kernel_groups(graph: Graph, fuse: bool = True) -> list[Group]:
+    return group_nodes(graph, classify, fuse)
+
+
+def verify_launch(graph: Graph, fuse: bool = True) -> None:
+    """Check every kernel's configuration against its nodes' encodings (VerifyError)."""
+    for group in kernel_groups(graph, fuse):
+        if group.kind in TEMPLATES:
+            check(graph, group, config(graph, group))
+    launched = {g.anchor.name for g in kernel_groups(graph, fuse) if g.kind in TEMPLATES}
+    for node in graph.nodes():
+        if node.launch and node.name not in launched:
+            raise VerifyError(f"{where(node)}: has a launch configuration but runs no generated kernel "
+                              "(fused into another node's kernel, or run by the NumPy backend)")
+
+
+def set_launch(graph: Graph, pattern: str | Node, **settings: Any) -> list[str]:
+    """Set launch keys on the nodes named by `pattern` (a node, a name, or an fnmatch
+    pattern over node names or ops); returns the names changed. Checked by `verify_launch`."""
+    if isinstance(pattern, Node):
+        chosen = [pattern]
+    else:
+        chosen = [n for n in graph.nodes()
+                  if n.name == pattern or fnmatch.fnmatchcase(n.name, pattern) or n.op == pattern]
+    if not chosen:
+        raise VerifyError(f"set_launch: pattern {pattern!r} matches no node of graph {graph.name!r}")
+    for node in chosen:
+        node.launch = {**(node.launch or {}), **settings}
+    return [n.name for n in chosen]

@@ -1,0 +1,183 @@
+"""Layout and movement ops: Pack, Unpack, Identity and Cast as copies inside a chain, and
+Transpose, Reshape (Flatten, Squeeze, Unsqueeze), Gather, Expand, Slice, Concat and the pools
+(pool.py) as chain heads.
+
+In logical coordinates a Pack or an Unpack is the identity: the chain template
+(elementwise.py) reads the operand through its encoding and writes the result through its
+own, so the same kernel packs, unpacks, or repacks, and fuses with the elementwise ops around
+it. Padding of a packed result is written by the executor before the launch (the buffer is
+filled with the encoding's pad value) and never touched by the kernel, which writes only
+logical elements; padding is never read, since every read is masked to the logical extent.
+
+A head starts a chain by reading its operand at a remapped index of the chain's result:
+a Transpose at the permuted index, a Reshape at the same row-major position (so a reshape of a
+packed or permuted buffer is one copy), a Gather at the looked-up index, an Expand at the
+broadcast index, a Slice at start + i * step, a Concat from the operand whose range holds i.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ...graph.graph import Graph, Node
+from ...graph.types import TensorType, Value
+from . import pool
+from .indexing import broadcast_index, is_float, offset, triton_dtype, unravel
+
+
+def _copy(args: list[str], node: Node, consts: list[Any]) -> str:
+    return args[0]
+
+
+def _cast(args: list[str], node: Node, consts: list[Any]) -> str:
+    """Values in a chain are float32 (or int1): rounded through the result's dtype."""
+    name = triton_dtype(node.outputs[0].dtype)
+    if name == "tl.int1":
+        return f"({args[0]} != 0)"
+    if name == "tl.float32":
+        return f"{args[0]}.to(tl.float32)"
+    return f"{args[0]}.to({name}).to(tl.float32)"
+
+
+COPIES = {"Pack": _copy, "Unpack": _copy, "Identity": _copy, "Cast": _cast}
+
+RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+
+
+def _load(graph: Graph, value: Value, index: list[str | None], params: list[Value], note: str,
+          blocks: list[str]) -> str:
+    """A load at `index`; masked when the index walks the block (else one scalar per program)."""
+    t = graph.type_of(value)
+    params.append(value)
+    mask = ", mask=mask" if any(i in blocks for i in index) else ""
+    load = f"tl.load(in{len(params) - 1} + {offset(t, index)}{mask})"
+    if t.dtype.name in ("float16", "bfloat16"):
+        load += ".to(tl.float32)"
+    return f"{load}  # {graph.value_name(value)}: {t}, {note}"
+
+
+def transpose_head(graph: Graph, node: Node, names: list[str], params: list[Value]) -> tuple[list[str], str]:
+    """Result dim j is operand dim perm[j]."""
+    value = graph.inputs_of(node.name)[0]
+    assert value is not None
+    t = graph.type_of(value)
+    perm = [int(p) for p in node.attrs.get("perm") or range(t.rank)[::-1]]
+    index: list[str | None] = [None] * t.rank
+    for j, p in enumerate(perm):
+        index[p] = names[j]
+    return [f"x_t = {_load(graph, value, index, params, f'{node.name} ({node.op})', names)}"], "x_t"
+
+
+def reshape_head(graph: Graph, node: Node, names: list[str], params: list[Value]) -> tuple[list[str], str]:
+    """The operand element at the result element's row-major position `offs`."""
+    value = graph.inputs_of(node.name)[0]
+    assert value is not None
+    t = graph.type_of(value)
+    src = [f"j{d}" for d in range(t.rank)]
+    lines = unravel("offs", [int(d) for d in t.shape], src)
+    return lines + [f"x_t = {_load(graph, value, list(src), params, f'{node.name} ({node.op})', src)}"], "x_t"
+
+
+def gather_head(graph: Graph, node: Node, names: list[str], params: list[Value]) -> tuple[list[str], str]:
+    """Gather along `axis`: result index (a, i, b) reads data (a, indices[i], b); negative
+    indices count from the end."""
+    data, indices = graph.inputs_of(node.name)[:2]
+    assert data is not None and indices is not None
+    d_t, i_t = graph.type_of(data), graph.type_of(indices)
+    axis = int(node.attrs.get("axis", 0)) % d_t.rank
+    idx_names = names[axis:axis + i_t.rank]
+    lines = [f"idx = {_load(graph, indices, list(idx_names), params, 'indices', names)}",
+             f"idx = tl.where(idx < 0, idx + {int(d_t.shape[axis])}, idx)"]
+    index: list[str | None] = list(names[:axis]) + ["idx"] + list(names[axis + i_t.rank:])
+    blocks = list(names) + (["idx"] if idx_names else [])
+    return lines + [f"x_t = {_load(graph, data, index, params, f'{node.name} ({node.op})', blocks)}"], "x_t"
+
+
+def expand_head(graph: Graph, node: Node, names: list[str], params: list[Value]) -> tuple[list[str], str]:
+    """Expand: the operand broadcast numpy-style to the result."""
+    value = graph.inputs_of(node.name)[0]
+    assert value is not None
+    index = broadcast_index(graph.type_of(value), names, [int(d) for d in node.outputs[0].shape])
+    return [f"x_t = {_load(graph, value, index, params, f'{node.name} ({node.op})', names)}"], "x_t"
+
+
+def slice_starts(graph: Graph, node: Node) -> dict[int, tuple[int, int]] | None:
+    """Slice with constant starts/axes/steps: axis -> (first index, step), clamped as ONNX does."""
+    values = list(graph.inputs_of(node.name)) + [None] * 5
+    t = graph.type_of(values[0])  # type: ignore[arg-type]
+    consts = [graph.constant_value(v) if v is not None else None for v in values[:5]]
+    if consts[1] is None or (values[3] is not None and consts[3] is None) or (values[4] is not None
+                                                                            and consts[4] is None):
+        return None
+    starts = [int(v) for v in np.asarray(consts[1]).reshape(-1)]
+    axes = [int(a) % t.rank for a in np.asarray(consts[3]).reshape(-1)] if consts[3] is not None else list(
+        range(len(starts)))
+    steps = [int(v) for v in np.asarray(consts[4]).reshape(-1)] if consts[4] is not None else [1] * len(starts)
+    found = {}
+    for axis, start, step in zip(axes, starts, steps):
+        size = int(t.shape[axis])
+        start = start + size if start < 0 else start
+        found[axis] = (min(max(start, 0), size if step > 0 else size - 1), step)
+    return found
+
+
+def slice_head(graph: Graph, node: Node, names: list[str], params: list[Value]) -> tuple[list[str], str]:
+    """Slice: result index i along a sliced axis reads start + i * step."""
+    value = graph.inputs_of(node.name)[0]
+    assert value is not None
+    starts = slice_starts(graph, node) or {}
+    index: list[str | None] = [
+        names[d] if d not in starts else f"{starts[d][0]} + {names[d]} * {starts[d][1]}" for d in range(len(names))]
+    return [f"x_t = {_load(graph, value, index, params, f'{node.name} ({node.op})', names)}"], "x_t"
+
+
+def concat_head(graph: Graph, node: Node, names: list[str], params: list[Value]) -> tuple[list[str], str]:
+    """Concat: each operand loaded where the result index falls in its range of the axis."""
+    values = [v for v in graph.inputs_of(node.name) if v is not None]
+    axis = int(node.attrs["axis"]) % len(names)
+    lines = ["x_t = tl.zeros([BLOCK], dtype=tl.float32)" if node.outputs[0].dtype != np.bool_
+             else "x_t = tl.zeros([BLOCK], dtype=tl.int1)"]
+    low = 0
+    for k, value in enumerate(values):
+        size = int(graph.type_of(value).shape[axis])
+        if size == 0:
+            continue
+        index: list[str | None] = [f"{names[d]} - {low}" if d == axis and low else names[d] for d in range(len(names))]
+        inside = f"({names[axis]} >= {low}) & ({names[axis]} < {low + size})"
+        t = graph.type_of(value)
+        params.append(value)
+        load = f"tl.load(in{len(params) - 1} + {offset(t, index)}, mask=mask & {inside})"
+        load += ".to(tl.float32)" if t.dtype.name in ("float16", "bfloat16") else ""
+        lines.append(f"x_t = tl.where({inside}, {load}, x_t)  # {graph.value_name(value)}: {t}")
+        low += size
+    return lines, "x_t"
+
+
+HEADS = {"Transpose": transpose_head, "Gather": gather_head, "MaxPool": pool.pool_head,
+         "AveragePool": pool.pool_head, "Expand": expand_head, "Slice": slice_head, "Concat": concat_head,
+         **{op: reshape_head for op in RESHAPES}}
+
+
+def supports_head(graph: Graph, node: Node) -> bool:
+    """A movement op on a static float or bool operand (Gather: integer indices)."""
+    if node.op in ("MaxPool", "AveragePool"):
+        return pool.supports(graph, node)
+    if node.op not in HEADS or len(node.outputs) != 1:
+        return False
+    values = graph.inputs_of(node.name)
+    x, out = values[0], node.outputs[0]
+    if x is None or not _value_ok(graph.type_of(x)) or not _value_ok(out):
+        return False
+    if node.op == "Gather":
+        i_t = graph.type_of(values[1]) if len(values) > 1 and values[1] is not None else None
+        return i_t is not None and i_t.is_static and i_t.dtype.kind == "i"
+    if node.op == "Slice":
+        return slice_starts(graph, node) is not None
+    if node.op == "Concat":
+        return all(v is not None and _value_ok(graph.type_of(v)) for v in values)
+    return True
+
+
+def _value_ok(t: TensorType) -> bool:
+    return t.is_static and (is_float(t) or t.dtype == np.bool_)

@@ -1,0 +1,190 @@
+"""The matmul template: MatMul (batched, broadcast) and Gemm, on packed or plain operands,
+with a fused epilogue.
+
+Each program computes one BLOCK_M x BLOCK_N block of the result, accumulating in float32
+over BLOCK_K slices of k (programs ordered GROUP_M row blocks at a time, for L2 reuse). Operands are read through their encodings (indexing.py): the gpu
+target's mmt4d operands ([M/16, K/16, 16, 16] tiles) and row-major or transposed ones
+(Gemm transA/transB, a Transpose relabeled into the encoding) alike, every read masked to the
+logical extent, so padding of any kind never reaches the sum. The epilogue (Gemm's alpha,
+beta*C; then the fused elementwise nodes: bias, activation, residual add, folded BatchNorm's
+scale and shift) runs on the accumulator before the one store.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ...graph.graph import Graph, Node
+from ...graph.types import TensorType, Value
+from .elementwise import Loader, emit_chain, store_expr
+from .indexing import broadcast_index, is_float, next_pow2, offset, unravel
+
+M_IDX, N_IDX = "rm[:, None]", "rn[None, :]"
+
+
+def supports(graph: Graph, node: Node) -> bool:
+    if node.op not in ("MatMul", "Gemm") or not node.outputs[0].is_static:
+        return False
+    values = graph.inputs_of(node.name)
+    types = [graph.type_of(v) if v is not None else None for v in values]
+    a, b = types[0], types[1]
+    if a is None or b is None or a.rank < 2 or b.rank < 2 or not (a.is_static and b.is_static):
+        return False
+    if not (is_float(a) and is_float(b) and is_float(node.outputs[0])) or a.dtype != b.dtype:
+        return False
+    if node.op == "Gemm" and len(types) > 2 and types[2] is not None:
+        return types[2].is_static and is_float(types[2])
+    return True
+
+
+def _operand_dims(node: Node) -> tuple[tuple[str, str], tuple[str, str]]:
+    """Which of m/n/k each matrix dim of A and B is."""
+    a = ("k", "m") if node.op == "Gemm" and node.attrs.get("transA", 0) else ("m", "k")
+    b = ("n", "k") if node.op == "Gemm" and node.attrs.get("transB", 0) else ("k", "n")
+    return a, b
+
+
+def sizes(graph: Graph, node: Node) -> dict[str, int]:
+    out = node.outputs[0]
+    a_t = graph.type_of(graph.inputs_of(node.name)[0])  # type: ignore[arg-type]
+    a_dims, _ = _operand_dims(node)
+    k = int(a_t.shape[-2 + a_dims.index("k")])
+    return {"m": int(out.shape[-2]), "n": int(out.shape[-1]), "k": k}
+
+
+def tiles(graph: Graph, nodes: list[Node]) -> list[tuple[str, TensorType, int, str]]:
+    """(what, type, dim, block key) for every matrix dim a block of the kernel reads or
+    writes: the launch verifier checks that blocks cover whole tiles."""
+    node = nodes[0]
+    values = graph.inputs_of(node.name)
+    a_dims, b_dims = _operand_dims(node)
+    keys = {"m": "BLOCK_M", "n": "BLOCK_N", "k": "BLOCK_K"}
+    found = []
+    for slot, dims in ((0, a_dims), (1, b_dims)):
+        t = graph.type_of(values[slot])  # type: ignore[arg-type]
+        for j, letter in enumerate(dims):
+            found.append((f"operand {slot} ({graph.value_name(values[slot])})", t, t.rank - 2 + j, keys[letter]))
+    out = nodes[-1].outputs[0]
+    found += [(f"result ({nodes[-1].name})", out, out.rank - 2, "BLOCK_M"),
+              (f"result ({nodes[-1].name})", out, out.rank - 1, "BLOCK_N")]
+    return found
+
+
+def defaults(graph: Graph, nodes: list[Node], tile: int) -> dict[str, Any]:
+    """Blocks from the shapes: at least one target tile, at most 128 x 128 (64 x 64 under
+    32 columns of k), BLOCK_K two tiles for 4-byte types, four for 2-byte ones."""
+    s = sizes(graph, nodes[0])
+    bm = min(128, max(tile, next_pow2(s["m"])))
+    bn = min(128, max(tile, next_pow2(s["n"])))
+    itemsize = nodes[0].outputs[0].dtype.itemsize
+    bk = min(max(tile, next_pow2(s["k"])), tile * (2 if itemsize >= 4 else 4))
+    warps = 8 if bm * bn >= 128 * 128 else 4
+    return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "num_warps": warps, "num_stages": 3,
+            "input_precision": "ieee"}
+
+
+def _batch(out: TensorType) -> tuple[list[int], list[str]]:
+    shape = [int(d) for d in out.shape[:-2]]
+    return shape, [f"b{d}" for d in range(len(shape))]
+
+
+def _operand_index(t: TensorType, dims: tuple[str, str], batch: list[str], batch_shape: list[int],
+                   loop: dict[str, str]) -> list[str | None]:
+    lead = broadcast_index(TensorType(t.shape[:-2], t.dtype), batch, batch_shape) if t.rank > 2 else []
+    return lead + [loop[d] for d in dims]
+
+
+def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Value]]:
+    """Source of the matmul kernel of `nodes` (anchor, then epilogue) and its operand values."""
+    node = nodes[0]
+    values = graph.inputs_of(node.name)
+    a_t, b_t = graph.type_of(values[0]), graph.type_of(values[1])  # type: ignore[arg-type]
+    out = node.outputs[0]
+    s = sizes(graph, node)
+    batch_shape, batch = _batch(out)
+    a_dims, b_dims = _operand_dims(node)
+    a_loop = {"m": "rm[:, None]", "k": "rk[None, :]"}
+    b_loop = {"k": "rk[:, None]", "n": "rn[None, :]"}
+    a_off = offset(a_t, _operand_index(a_t, a_dims, batch, batch_shape, a_loop))
+    b_off = offset(b_t, _operand_index(b_t, b_dims, batch, batch_shape, b_loop))
+    lines = swizzle(s["m"], s["n"])
+    if batch:
+        lines.append("batch = tl.program_id(1)")
+        lines += unravel("batch", batch_shape, batch)
+    lines += [
+        "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
+        "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
+        "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
+        f"for k0 in range(0, {s['k']}, BLOCK_K):",
+        "    rk = k0 + tl.arange(0, BLOCK_K)",
+        f"    a = tl.load(in0 + {a_off}, mask=({_bounds(a_loop, a_dims, s)}), other=0.0)"
+        f"  # {graph.value_name(values[0])}: {a_t}",
+        f"    b = tl.load(in1 + {b_off}, mask=({_bounds(b_loop, b_dims, s)}), other=0.0)"
+        f"  # {graph.value_name(values[1])}: {b_t}",
+    ]
+    precision = ", input_precision=PRECISION" if a_t.dtype.name == "float32" else ""
+    lines.append(f"    acc += tl.dot(a, b{precision})")
+    lines.append(f"mask = (rm[:, None] < {s['m']}) & (rn[None, :] < {s['n']})")
+    params: list[Value] = [values[0], values[1]]  # type: ignore[list-item]
+    load = Loader(graph, batch + [M_IDX, N_IDX], [*batch_shape, s["m"], s["n"]], "mask", params, blocks=[M_IDX, N_IDX])
+    lines += _gemm_epilogue(graph, node, values, load)
+    body, var = emit_chain(graph, nodes[1:], load, {Value(node.name): "acc"})
+    lines += body
+    final = nodes[-1].outputs[0]
+    var = var or "acc"
+    where = offset(final, batch + [M_IDX, N_IDX])
+    lines.append(f"tl.store(out0 + {where}, {store_expr(var, final)}, mask=mask)  # {final}")
+    args = [f"in{i}" for i in range(len(params))] + ["out0"]
+    args += ["BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_K: tl.constexpr", "GROUP_M: tl.constexpr",
+             "PRECISION: tl.constexpr"]
+    source = "@triton.jit\ndef {}({}):\n{}\n".format(fn_name, ", ".join(args), "\n".join("    " + x for x in lines))
+    return source, params
+
+
+def swizzle(m: int, n: int) -> list[str]:
+    """Program id -> (pid_m, pid_n), GROUP_M row blocks at a time, so programs that run
+    together share operand blocks in L2 (Triton's matmul tutorial ordering)."""
+    return [
+        "pid = tl.program_id(0)",
+        f"blocks_m = ({m} + BLOCK_M - 1) // BLOCK_M",
+        f"blocks_n = ({n} + BLOCK_N - 1) // BLOCK_N",
+        "group = GROUP_M * blocks_n",
+        "first_m = (pid // group) * GROUP_M",
+        "rows = tl.minimum(blocks_m - first_m, GROUP_M)",
+        "pid_m = first_m + (pid % group) % rows",
+        "pid_n = (pid % group) // rows",
+    ]
+
+
+def _bounds(loop: dict[str, str], dims: tuple[str, str], s: dict[str, int]) -> str:
+    return " & ".join(f"({loop[d]} < {s[d]})" for d in dims)
+
+
+def _gemm_epilogue(graph: Graph, node: Node, values: list[Value | None], load: Loader) -> list[str]:
+    if node.op != "Gemm":
+        return []
+    lines = []
+    alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
+    if alpha != 1.0:
+        lines.append(f"acc = acc * {alpha!r}")
+    c = values[2] if len(values) > 2 else None
+    if c is not None and beta != 0.0:
+        var = load(c)
+        lines += load.lines
+        load.lines.clear()
+        lines.append(f"acc = acc + {var}" if beta == 1.0 else f"acc = acc + {beta!r} * {var}")
+    return lines
+
+
+def grid(graph: Graph, nodes: list[Node], config: dict[str, Any]) -> tuple[int, ...]:
+    s = sizes(graph, nodes[0])
+    batch_shape, _ = _batch(nodes[0].outputs[0])
+    count = int(np.prod(batch_shape, dtype=np.int64)) if batch_shape else 1
+    cells = -(-s["m"] // config["BLOCK_M"]) * -(-s["n"] // config["BLOCK_N"])
+    return (cells, count) if batch_shape else (cells,)
+
+
+def constexprs(config: dict[str, Any]) -> dict[str, Any]:
+    return {"BLOCK_M": config["BLOCK_M"], "BLOCK_N": config["BLOCK_N"], "BLOCK_K": config["BLOCK_K"],
+            "GROUP_M": config.get("GROUP_M", 8), "PRECISION": config.get("input_precision", "ieee")}

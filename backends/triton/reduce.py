@@ -1,0 +1,142 @@
+"""The row-reduction template: Softmax, LogSoftmax, LayerNormalization, GlobalAveragePool and
+ReduceMean / ReduceSum / ReduceMax / ReduceMin with constant axes.
+
+One program per row (every index of the kept dims); the row (the reduced dims, flattened) is
+one block of BLOCK >= its length, read through the operand's encoding and masked to the
+logical length, so a row over a tiled dim never reads the padding (whose contents are unknown
+after an elementwise op). Statistics are computed in float32.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ...graph.graph import Graph, Node
+from ...graph.types import TensorType, Value
+from .elementwise import store_expr
+from .indexing import broadcast_index, is_float, next_pow2, offset, unravel
+
+MAX_BLOCK = 16384
+"""Longest row one block holds; longer rows run on the NumPy backend."""
+
+REDUCE_OPS = {"ReduceMean": "mean", "ReduceSum": "sum", "ReduceMax": "max", "ReduceMin": "min"}
+
+
+def axes_of(graph: Graph, node: Node) -> tuple[int, ...] | None:
+    """The axes the node reduces along (normalized), or None for a variant not handled here."""
+    x = graph.type_of(graph.inputs_of(node.name)[0])  # type: ignore[arg-type]
+    if node.op in ("Softmax", "LogSoftmax"):
+        return (int(node.attrs.get("axis", -1)) % x.rank,)
+    if node.op == "LayerNormalization":
+        return tuple(range(int(node.attrs.get("axis", -1)) % x.rank, x.rank))
+    if node.op == "GlobalAveragePool":
+        return tuple(range(2, x.rank))
+    values = graph.inputs_of(node.name)
+    axes = graph.constant_value(values[1]) if len(values) > 1 and values[1] is not None else None
+    if axes is None or np.asarray(axes).size == 0:
+        return None
+    return tuple(sorted({int(a) % x.rank for a in np.asarray(axes).reshape(-1)}))
+
+
+def supports(graph: Graph, node: Node) -> bool:
+    if node.op not in ("Softmax", "LogSoftmax", "LayerNormalization", "GlobalAveragePool", *REDUCE_OPS):
+        return False
+    values = graph.inputs_of(node.name)
+    x = graph.type_of(values[0]) if values and values[0] is not None else None
+    if x is None or not x.is_static or x.rank == 0 or not is_float(x) or not is_float(node.outputs[0]):
+        return False
+    if any(graph.users(Value(node.name, k)) for k in range(1, len(node.outputs))):
+        return False
+    if node.op == "LayerNormalization" and any(
+            v is not None and not (graph.type_of(v).is_static and is_float(graph.type_of(v))) for v in values[1:]):
+        return False
+    axes = axes_of(graph, node)
+    return axes is not None and row_length(graph, node) <= MAX_BLOCK
+
+
+def row_length(graph: Graph, node: Node) -> int:
+    x = graph.type_of(graph.inputs_of(node.name)[0])  # type: ignore[arg-type]
+    return int(np.prod([int(x.shape[a]) for a in axes_of(graph, node) or ()], dtype=np.int64))
+
+
+def defaults(graph: Graph, nodes: list[Node], tile: int) -> dict[str, Any]:
+    block = max(tile, next_pow2(row_length(graph, nodes[0])))
+    return {"BLOCK": block, "num_warps": 4 if block <= 2048 else 8, "num_stages": 1}
+
+
+def check(graph: Graph, nodes: list[Node], config: dict[str, Any]) -> str | None:
+    length = row_length(graph, nodes[0])
+    if config["BLOCK"] < length:
+        return f"BLOCK={config['BLOCK']} is shorter than the row ({length} elements; one block holds a row)"
+    return None
+
+
+def _load(value: Value, t: TensorType, index: list[str], param: str, other: str) -> str:
+    load = f"tl.load({param} + {offset(t, index)}, mask=mask, other={other})"
+    return load if t.dtype.name == "float32" else load + ".to(tl.float32)"
+
+
+def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Value]]:
+    node = nodes[0]
+    values = graph.inputs_of(node.name)
+    x_t = graph.type_of(values[0])  # type: ignore[arg-type]
+    out = node.outputs[0]
+    axes = axes_of(graph, node)
+    assert axes is not None
+    shape = [int(d) for d in x_t.shape]
+    length = row_length(graph, node)
+    names = [f"i{d}" for d in range(len(shape))]
+    rows = [d for d in range(len(shape)) if d not in axes]
+    lines = ["row = tl.program_id(0)"]
+    lines += unravel("row", [shape[d] for d in rows], [names[d] for d in rows])
+    if len(axes) == 1:
+        lines += [f"{names[axes[0]]} = tl.arange(0, BLOCK)", f"mask = {names[axes[0]]} < {length}"]
+    else:
+        lines += ["col = tl.arange(0, BLOCK)", f"mask = col < {length}"]
+        lines += unravel("col", [shape[d] for d in axes], [names[d] for d in axes])
+    params: list[Value] = [values[0]]  # type: ignore[list-item]
+    op = node.op
+    other = "-float('inf')" if op in ("Softmax", "LogSoftmax", "ReduceMax") else (
+        "float('inf')" if op == "ReduceMin" else "0.0")
+    lines.append(f"x = {_load(values[0], x_t, names, 'in0', other)}  # {graph.value_name(values[0])}: {x_t}")
+    if op in ("Softmax", "LogSoftmax"):
+        lines += ["x_max = tl.max(x, axis=0)", "e = tl.exp(x - x_max)", "total = tl.sum(e, axis=0)"]
+        lines.append("y = e / total" if op == "Softmax" else "y = x - x_max - tl.log(total)")
+        store_index: list[str | None] = list(names)
+    elif op == "LayerNormalization":
+        eps = float(node.attrs.get("epsilon", 1e-5))
+        lines += [f"mean = tl.sum(x, axis=0) / {length}", "d = tl.where(mask, x - mean, 0.0)",
+                  f"inv_std = 1.0 / tl.sqrt(tl.sum(d * d, axis=0) / {length} + {eps!r})", "y = d * inv_std"]
+        for slot, verb in ((1, "*"), (2, "+")):
+            value = values[slot] if len(values) > slot else None
+            if value is None:
+                continue
+            t = graph.type_of(value)
+            params.append(value)
+            index = broadcast_index(t, names, shape)
+            lines.append(f"y = y {verb} {_load(value, t, index, f'in{len(params) - 1}', '0.0')}"
+                         f"  # {graph.value_name(value)}: {t}")
+        store_index = list(names)
+    else:
+        kind = REDUCE_OPS.get(op, "mean")
+        reduce = {"mean": f"tl.sum(x, axis=0) / {length}", "sum": "tl.sum(x, axis=0)",
+                  "max": "tl.max(x, axis=0)", "min": "tl.min(x, axis=0)"}[kind]
+        lines.append(f"y = {reduce}")
+        if kind in ("max", "min"):  # a NaN in the row is the answer, as in numpy (tl.max skips it)
+            lines.append("y = tl.where(tl.sum((x != x).to(tl.float32), axis=0) > 0, float('nan'), y)")
+        keep = bool(node.attrs.get("keepdims", 1))
+        store_index = [None if d in axes else names[d] for d in range(len(shape))] if keep else [
+            names[d] for d in rows]
+    where = offset(out, store_index)
+    mask = ", mask=mask" if op in ("Softmax", "LogSoftmax", "LayerNormalization") else ""
+    lines.append(f"tl.store(out0 + {where}, {store_expr('y', out)}{mask})  # {node.name} ({op}): {out}")
+    args = [f"in{i}" for i in range(len(params))] + ["out0", "BLOCK: tl.constexpr"]
+    source = "@triton.jit\ndef {}({}):\n{}\n".format(fn_name, ", ".join(args), "\n".join("    " + x for x in lines))
+    return source, params
+
+
+def grid(graph: Graph, nodes: list[Node], config: dict[str, Any]) -> tuple[int, ...]:
+    node = nodes[0]
+    x = graph.type_of(graph.inputs_of(node.name)[0])  # type: ignore[arg-type]
+    return (max(1, int(np.prod(x.shape, dtype=np.int64)) // max(1, row_length(graph, node))),)

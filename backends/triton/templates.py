@@ -1,0 +1,126 @@
+"""The template table: kind -> how a group of that kind is recognized, generated and launched.
+
+`classify` gives each node the kind of kernel that runs it; a node no template supports (or
+placed on the host, `node.device == "cpu"`) runs on the NumPy backend ("numpy"); a plain
+reshape of a plain buffer is a view ("view") and Shape/Size of a static tensor a constant
+computed at compile time ("static"): no kernel at all.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ...graph.graph import Graph, Node
+from ...graph.types import Value
+from . import conv, elementwise, layout_ops, matmul, reduce
+from .indexing import next_pow2
+
+Nodes = list[Node]
+
+
+@dataclass(frozen=True)
+class Template:
+    kind: str
+    supports: Callable[[Graph, Node], bool]
+    kernel: Callable[[Graph, Nodes, str], tuple[str, list[Value]]]
+    grid: Callable[[Graph, Nodes, dict[str, Any]], tuple[int, ...]]
+    constexprs: Callable[[dict[str, Any]], dict[str, Any]]
+    defaults: Callable[[Graph, Nodes, int], dict[str, Any]]
+    keys: frozenset[str]
+    tiles: Callable[[Graph, Nodes], list] = lambda graph, nodes: []
+    check: Callable[[Graph, Nodes, dict[str, Any]], "str | None"] = lambda graph, nodes, config: None
+
+
+def _numel(nodes: Nodes) -> int:
+    return int(np.prod(nodes[-1].outputs[0].shape, dtype=np.int64))
+
+
+def _chain_defaults(graph: Graph, nodes: Nodes, tile: int) -> dict[str, Any]:
+    return {"BLOCK": min(1024, max(tile, next_pow2(_numel(nodes)))), "num_warps": 4, "num_stages": 1}
+
+
+TEMPLATES: dict[str, Template] = {
+    "chain": Template(
+        "chain", elementwise.supports, elementwise.chain_kernel,
+        grid=lambda graph, nodes, config: (max(1, -(-_numel(nodes) // config["BLOCK"])),),
+        constexprs=lambda config: {"BLOCK": config["BLOCK"]},
+        defaults=_chain_defaults, keys=frozenset({"BLOCK", "num_warps", "num_stages"})),
+    "movement": Template(
+        "movement", layout_ops.supports_head, elementwise.chain_kernel,
+        grid=lambda graph, nodes, config: (max(1, -(-_numel(nodes) // config["BLOCK"])),),
+        constexprs=lambda config: {"BLOCK": config["BLOCK"]},
+        defaults=_chain_defaults, keys=frozenset({"BLOCK", "num_warps", "num_stages"})),
+    "matmul": Template(
+        "matmul", matmul.supports, matmul.kernel, matmul.grid, matmul.constexprs, matmul.defaults,
+        keys=frozenset({"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "input_precision"}),
+        tiles=matmul.tiles),
+    "conv": Template(
+        "conv", conv.supports, conv.kernel, conv.grid, conv.constexprs, conv.defaults,
+        keys=frozenset({"BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "input_precision"}),
+        tiles=conv.tiles),
+    "reduce": Template(
+        "reduce", reduce.supports, reduce.kernel, reduce.grid,
+        constexprs=lambda config: {"BLOCK": config["BLOCK"]}, defaults=reduce.defaults,
+        keys=frozenset({"BLOCK", "num_warps", "num_stages"}), check=reduce.check),
+}
+
+VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+HOST_OPS = frozenset({"Shape", "Size", "ConstantOfShape"})
+"""Ops whose result is decided by shapes (tiny host work): always the NumPy backend."""
+
+
+def _on_host(graph: Graph, node: Node) -> bool:
+    return node.device == "cpu" or (node.op in HOST_OPS and static_result(graph, node) is None)
+
+
+def static_result(graph: Graph, node: Node) -> np.ndarray | None:
+    """A result the input types decide (Shape, Size of a static tensor): no data is read."""
+    from ...graph.registry import get
+
+    opdef = get(node.op, node)
+    if opdef.static_value is None:
+        return None
+    types = [graph.type_of(v) if v is not None else None for v in graph.inputs_of(node.name)]
+    value = opdef.static_value({**opdef.defaults, **node.attrs}, types)
+    return None if value is None else np.asarray(value)
+
+
+def _plain_view(graph: Graph, node: Node) -> bool:
+    x = graph.inputs_of(node.name)[0] if node.op in VIEW_OPS else None
+    if x is None or len(node.outputs) != 1:
+        return False
+    t = graph.type_of(x)
+    out = node.outputs[0]
+    return t.encoding is None and out.encoding is None and out.is_static and t.is_static
+
+
+RULES: list[tuple[str, Callable[[Graph, Node], bool]]] = [
+    ("numpy", _on_host),
+    ("transfer", lambda graph, node: node.op == "Transfer"),
+    ("static", lambda graph, node: static_result(graph, node) is not None),
+    ("view", _plain_view),
+    *((kind, TEMPLATES[kind].supports) for kind in ("matmul", "conv", "reduce", "chain", "movement")),
+]
+"""Which kernel runs a node: the first rule that holds (else the NumPy backend)."""
+
+
+def classify(graph: Graph, node: Node) -> str:
+    """The kind of kernel that runs `node` (see the module docstring)."""
+    return next((kind for kind, holds in RULES if holds(graph, node)), "numpy")
+
+
+def supports(graph: Graph, node: Node) -> bool:
+    """Whether the Triton backend runs `node` itself (a generated kernel, a view, a transfer,
+    a shape known at compile time) rather than on the NumPy backend, wherever it is placed."""
+    return any(holds(graph, node) for kind, holds in RULES if kind != "numpy")
+
+
+def supported_ops() -> frozenset[str]:
+    """Ops some template runs (for a device's `supports(node)`: whether one runs a given node
+    also depends on its types, and an unsupported one falls back to the NumPy backend)."""
+    from .reduce import REDUCE_OPS
+
+    return frozenset({*elementwise.OPS, *layout_ops.HEADS, *VIEW_OPS, "MatMul", "Gemm", "Conv", "Softmax",
+                      "LogSoftmax", "LayerNormalization", "GlobalAveragePool", *REDUCE_OPS, "Transfer", "Shape", "Size"})

@@ -1,0 +1,161 @@
+"""Shared by the Triton backend tests: the devices to run on (the interpreter always, the GPU
+where CUDA is present), small ONNX models built with onnx.helper, and a comparison helper."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import torch
+
+DEVICES = ["interp"] + (["cuda"] if torch.cuda.is_available() else [])
+"""The interpreter on the CPU runs everywhere (CI); the same tests run on a GPU when present."""
+
+
+@pytest.fixture(params=DEVICES)
+def device(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def _init(name: str, array: np.ndarray) -> TensorProto:
+    return numpy_helper.from_array(np.asarray(array, dtype=np.float32), name)
+
+
+def _model(nodes: list, inputs: list, outputs: list, inits: list, name: str) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, name, inputs, outputs, initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def small_cnn(seed: int = 0, size: int = 9) -> onnx.ModelProto:
+    """Conv+bias -> BatchNorm -> Relu -> strided Conv -> Relu + residual-free head:
+    GlobalAveragePool -> Flatten -> Gemm (channel counts that do not divide 16)."""
+    rng = np.random.default_rng(seed)
+    f1, f2 = 8, 20
+    inits = [
+        _init("w1", rng.standard_normal((f1, 3, 3, 3)) * 0.3), _init("b1", rng.standard_normal(f1) * 0.1),
+        _init("scale", rng.uniform(0.5, 1.5, f1)), _init("shift", rng.standard_normal(f1) * 0.1),
+        _init("mean", rng.standard_normal(f1) * 0.1), _init("var", rng.uniform(0.5, 1.5, f1)),
+        _init("w2", rng.standard_normal((f2, f1, 3, 3)) * 0.2), _init("b2", rng.standard_normal(f2) * 0.1),
+        _init("wf", rng.standard_normal((5, f2)) * 0.3), _init("bf", rng.standard_normal(5) * 0.1),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("BatchNormalization", ["c1", "scale", "shift", "mean", "var"], ["n1"]),
+        helper.make_node("Relu", ["n1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], strides=[2, 2], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c2"], ["r2"]),
+        helper.make_node("GlobalAveragePool", ["r2"], ["p"]),
+        helper.make_node("Flatten", ["p"], ["f"]),
+        helper.make_node("Gemm", ["f", "wf", "bf"], ["y"], transB=1),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, size, size])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])
+    return _model(nodes, [x], [y], inits, "small_cnn")
+
+
+def tiny_transformer(seed: int = 0, batch: int = 2, seq: int = 5, dim: int = 24, heads: int = 2,
+                     ff: int = 40) -> onnx.ModelProto:
+    """One post-norm encoder layer: multi-head attention (Reshape/Transpose heads, scaled
+    Q.K^T, Softmax, P.V), residual + LayerNorm, Gelu feed-forward, residual + LayerNorm."""
+    rng = np.random.default_rng(seed)
+    dh = dim // heads
+    inits = []
+    for name, shape in (("wq", (dim, dim)), ("wk", (dim, dim)), ("wv", (dim, dim)), ("wo", (dim, dim)),
+                        ("w1", (dim, ff)), ("w2", (ff, dim))):
+        inits.append(_init(name, rng.standard_normal(shape) / np.sqrt(shape[0])))
+    for name, n in (("bq", dim), ("bk", dim), ("bv", dim), ("bo", dim), ("b1", ff), ("b2", dim)):
+        inits.append(_init(name, rng.standard_normal(n) * 0.1))
+    for name in ("g1", "g2"):
+        inits.append(_init(name, rng.uniform(0.5, 1.5, dim)))
+    for name in ("be1", "be2"):
+        inits.append(_init(name, rng.standard_normal(dim) * 0.1))
+    inits.append(numpy_helper.from_array(np.array([batch, seq, heads, dh], np.int64), "heads_shape"))
+    inits.append(numpy_helper.from_array(np.array([batch, seq, dim], np.int64), "model_shape"))
+    inits.append(_init("scale", np.array(1.0 / np.sqrt(dh))))
+    n = helper.make_node
+    nodes = []
+    for p in "qkv":
+        nodes += [n("MatMul", ["x", f"w{p}"], [f"{p}0"]), n("Add", [f"{p}0", f"b{p}"], [f"{p}1"]),
+                  n("Reshape", [f"{p}1", "heads_shape"], [f"{p}2"])]
+    nodes += [
+        n("Transpose", ["q2"], ["q"], perm=[0, 2, 1, 3]), n("Transpose", ["k2"], ["kt"], perm=[0, 2, 3, 1]),
+        n("Transpose", ["v2"], ["v"], perm=[0, 2, 1, 3]),
+        n("MatMul", ["q", "kt"], ["s0"]), n("Mul", ["s0", "scale"], ["s"]), n("Softmax", ["s"], ["p"], axis=-1),
+        n("MatMul", ["p", "v"], ["c0"]), n("Transpose", ["c0"], ["c1"], perm=[0, 2, 1, 3]),
+        n("Reshape", ["c1", "model_shape"], ["c"]),
+        n("MatMul", ["c", "wo"], ["o0"]), n("Add", ["o0", "bo"], ["o"]), n("Add", ["x", "o"], ["h0"]),
+        n("LayerNormalization", ["h0", "g1", "be1"], ["h"], axis=-1, epsilon=1e-5),
+        n("MatMul", ["h", "w1"], ["f0"]), n("Add", ["f0", "b1"], ["f1"]), n("Gelu", ["f1"], ["f2"]),
+        n("MatMul", ["f2", "w2"], ["f3"]), n("Add", ["f3", "b2"], ["f4"]), n("Add", ["h", "f4"], ["y0"]),
+        n("LayerNormalization", ["y0", "g2", "be2"], ["y"], axis=-1, epsilon=1e-5),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, seq, dim])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, seq, dim])
+    return _model(nodes, [x], [y], inits, "tiny_transformer")
+
+
+def assert_close(got: dict[str, np.ndarray], want: dict[str, np.ndarray], rtol: float = 1e-4,
+                 atol: float = 1e-5) -> None:
+    assert set(got) == set(want)
+    for name in want:
+        assert got[name].shape == want[name].shape, name
+        np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=atol, err_msg=name)
+
+
+def ort_outputs(model: onnx.ModelProto, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(None, feeds)))
+
+
+# ---- graphs built node by node (packed operands, awkward sizes) ------------------------------------
+from tilefold.graph import Graph  # noqa: E402
+from tilefold.graph.registry import infer, with_defaults  # noqa: E402
+from tilefold.graph.types import TensorType, Value  # noqa: E402
+from tilefold.layout.encoding import PackedEncoding, pack  # noqa: E402
+
+
+def add(g: Graph, op: str, inputs: list, attrs: dict | None = None, encoding: PackedEncoding | None = None,
+        name: str | None = None) -> Value:
+    """Add `op` on `inputs` with inferred logical types, its result in `encoding`."""
+    full = with_defaults(op, attrs or {})
+    types = [g.type_of(v) if v is not None else None for v in inputs]
+    plain = types if op in ("Pack", "Unpack") else [None if t is None else TensorType(t.shape, t.dtype)
+                                                     for t in types]
+    outs = infer(op, full, plain, [g.constant_value(v) for v in inputs])
+    outs = [TensorType(outs[0].shape, outs[0].dtype, encoding)] + outs[1:]
+    return Value(g.add_node(op, inputs, outs, full, name=name).name)
+
+
+def packed_const(g: Graph, array: np.ndarray, enc: PackedEncoding, name: str) -> Value:
+    """A packed constant: the physical buffer, with the logical type carrying `enc`."""
+    return g.add_constant(pack(array, enc), name=name, type=TensorType(array.shape, array.dtype, enc))
+
+
+def run_both(g: Graph, feeds: dict[str, np.ndarray], device: str, **options: Any) -> tuple[dict, dict]:
+    """Outputs of the Triton backend on `device` and of the NumPy backend (the reference);
+    checks that every node ran in a generated kernel (none fell back to NumPy)."""
+    from tilefold.backends.numpy import NumpyExecutable
+    from tilefold.backends.triton import TritonExecutable
+
+    exe = TritonExecutable(g, device=device, **options)
+    got = exe(feeds)
+    assert exe.fallback_nodes == [], f"ran on the NumPy backend: {exe.fallback_nodes}"
+    return got, NumpyExecutable(g)(feeds)
+
+
+@pytest.fixture
+def kit():
+    """The helpers above, for test modules (test dirs are not packages: no imports between files)."""
+    import types
+
+    return types.SimpleNamespace(add=add, packed_const=packed_const, run_both=run_both, small_cnn=small_cnn,
+                                 tiny_transformer=tiny_transformer, assert_close=assert_close,
+                                 ort_outputs=ort_outputs)

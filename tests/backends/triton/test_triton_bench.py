@@ -1,0 +1,23 @@
+"""bench/gpu.py: one line and status 0 without CUDA; its template part runs under the interpreter."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tilefold.bench import gpu
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: the benchmark would run for real")
+def test_without_cuda_one_line_and_status_zero(capsys):
+    assert gpu.main([]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "no CUDA GPU" in out
+
+
+def test_template_benchmarks_run_under_the_interpreter(capsys):
+    assert gpu.main(["--device", "interp"]) == 0
+    out = capsys.readouterr().out
+    for row in ("packed 16x16 weight", "row-major (K, N) weight", "row-major transposed (N, K) weight",
+                "conv", "softmax", "layer norm"):
+        assert row in out
+    assert out.count("   ratio ") == 6

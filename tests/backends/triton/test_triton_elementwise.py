@@ -1,0 +1,256 @@
+"""The chain template (fused elementwise ops, Pack, Unpack, Transpose) against the NumPy
+backend and plain numpy, on packed and plain operands whose sizes do not divide the tiles."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tilefold.backends.triton import TritonExecutable, kernel_sources
+from tilefold.graph import Graph
+from tilefold.graph.types import Splat, TensorType
+from tilefold.layout.encoding import PackedEncoding, pack
+
+F32 = np.float32
+
+TILES = PackedEncoding((0, 1), (16, 16), pad=None)
+RAGGED = PackedEncoding((1, 0), (8, 4), (1, 0), pad=0.0)
+"""Tiles of different sizes in swapped order, outer dims permuted: nothing lines up."""
+
+UNARY = ["Relu", "Neg", "Abs", "Exp", "Sqrt", "Log", "Reciprocal", "Sigmoid", "Tanh", "Erf", "Sin", "Cos",
+         "Floor", "Ceil", "HardSwish", "Softplus", "LeakyRelu", "Elu", "HardSigmoid", "Gelu", "Identity"]
+POSITIVE = {"Sqrt", "Log"}
+
+
+def _unary_graph(kit, op: str, attrs: dict, enc: PackedEncoding | None, shape=(13, 37)) -> Graph:
+    g = Graph(op)
+    x = g.add_input("x", TensorType(shape, np.float32))
+    if enc is not None:
+        x = kit.add(g, "Pack", [x], {"encoding": enc}, encoding=enc)
+    y = kit.add(g, op, [x], attrs, encoding=None if enc is None else enc.with_pad(None))
+    if enc is not None:
+        y = kit.add(g, "Unpack", [y])
+    g.add_output(y, "y")
+    return g
+
+
+@pytest.mark.parametrize("op", UNARY)
+def test_unary_op_on_packed_operand_matches_numpy_backend(op, device, kit):
+    rng = np.random.default_rng(abs(hash(op)) % 1000)
+    x = rng.standard_normal((13, 37)).astype(np.float32) * 2
+    if op in POSITIVE:
+        x = np.abs(x) + 0.1
+    got, want = kit.run_both(_unary_graph(kit, op, {}, TILES), {"x": x}, device)
+    np.testing.assert_allclose(got["y"], want["y"], rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("attrs", [{"approximate": "tanh"}, {"approximate": "none"}])
+def test_gelu_variants(attrs, device, kit):
+    x = np.random.default_rng(3).standard_normal((5, 19)).astype(np.float32) * 3
+    got, want = kit.run_both(_unary_graph(kit, "Gelu", attrs, None, (5, 19)), {"x": x}, device)
+    np.testing.assert_allclose(got["y"], want["y"], rtol=1e-5, atol=1e-6)
+
+
+def test_fused_chain_with_broadcast_operands_in_three_layouts(device, kit):
+    """x packed in 16x16 tiles, a per-column bias packed alike, a per-row scale plain, a
+    scalar splat: one kernel computes relu((x + bias) * scale - 0.5) and unpacks."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 21, 35)).astype(np.float32)
+    bias = rng.standard_normal((35,)).astype(np.float32)
+    scale = rng.standard_normal((21, 1)).astype(np.float32)
+    enc = PackedEncoding((1, 2), (16, 16))
+    g = Graph("chain")
+    xv = kit.add(g, "Pack", [g.add_input("x", TensorType(x.shape, np.float32))], {"encoding": enc}, encoding=enc)
+    b = kit.packed_const(g, bias.reshape(1, 1, 35), PackedEncoding((1, 2), (1, 16)), "bias")
+    s = g.add_constant(scale, name="scale")
+    half = g.add_constant(Splat(0.5, (1,), np.float32), name="half")
+    t = kit.add(g, "Add", [xv, b], encoding=enc.with_pad(None))
+    t = kit.add(g, "Mul", [t, s], encoding=enc.with_pad(None))
+    t = kit.add(g, "Sub", [t, half], encoding=enc.with_pad(None))
+    t = kit.add(g, "Relu", [t], encoding=enc.with_pad(None))
+    g.add_output(kit.add(g, "Unpack", [t]), "y")
+    exe = TritonExecutable(g, device=device)
+    got = exe({"x": x})["y"]
+    np.testing.assert_allclose(got, np.maximum((x + bias) * scale - 0.5, 0), rtol=1e-6, atol=1e-6)
+    assert [k for k, src in kernel_sources(g) if "tl.store" in src] == [["pack", "add", "mul", "sub", "relu", "unpack"]]
+
+
+@pytest.mark.parametrize("enc", [TILES.with_pad(0.0), RAGGED, PackedEncoding((), (), (1, 0))])
+def test_pack_writes_the_reference_buffer_and_unpack_inverts_it(enc, device, kit):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((13, 10)).astype(np.float32)
+    g = Graph("pack")
+    p = kit.add(g, "Pack", [g.add_input("x", TensorType(x.shape, np.float32))], {"encoding": enc}, encoding=enc)
+    g.add_output(p, "packed")  # an output keeps its encoding: the executor returns it unpacked
+    g.add_output(kit.add(g, "Unpack", [p]), "y")
+    exe = TritonExecutable(g, device=device)
+    out = exe({"x": x})
+    np.testing.assert_array_equal(out["y"], x)
+    np.testing.assert_array_equal(out["packed"], x)
+    # the physical buffer, padding included, is what layout.encoding.pack gives
+    import torch
+
+    (buffer,) = exe.steps[0].run([torch.from_numpy(x).to(exe.torch_device)])
+    np.testing.assert_array_equal(buffer.cpu().numpy(), pack(x, enc))
+
+
+def test_where_clip_pow_and_cast(device, kit):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((7, 9)).astype(np.float32)
+    cond = rng.random((7, 9)) > 0.5
+    g = Graph("misc")
+    xv = g.add_input("x", TensorType(x.shape, np.float32))
+    cv = g.add_input("c", TensorType(cond.shape, np.bool_))
+    lo = g.add_constant(Splat(-0.5, (), np.float32), name="lo")
+    hi = g.add_constant(np.array(0.75, np.float32), name="hi")
+    two = g.add_constant(Splat(2.0, (), np.float32), name="two")
+    sq = kit.add(g, "Pow", [xv, two])
+    clipped = kit.add(g, "Clip", [xv, lo, hi])
+    w = kit.add(g, "Where", [cv, sq, clipped])
+    half = kit.add(g, "Cast", [w], {"to": 10})
+    g.add_output(kit.add(g, "Cast", [half], {"to": 1}), "y")
+    got, want = kit.run_both(g, {"x": x, "c": cond}, device)
+    expect = np.where(cond, x * x, np.clip(x, -0.5, 0.75)).astype(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(got["y"], want["y"])
+    np.testing.assert_allclose(got["y"], expect, rtol=1e-3)
+
+
+def test_float16_chain_computes_in_float32_and_rounds_once(device, kit):
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((6, 33)).astype(np.float16)
+    y = rng.standard_normal((33,)).astype(np.float16)
+    g = Graph("half")
+    xv = g.add_input("x", TensorType(x.shape, np.float16))
+    yv = g.add_constant(y, name="y")
+    g.add_output(kit.add(g, "Sigmoid", [kit.add(g, "Mul", [xv, yv])]), "z")
+    got, want = kit.run_both(g, {"x": x}, device)
+    assert got["z"].dtype == np.float16
+    exact = 1 / (1 + np.exp(-(x.astype(np.float64) * y)))
+    np.testing.assert_allclose(got["z"], exact, atol=1e-3)
+    np.testing.assert_allclose(got["z"], want["z"], atol=2e-3)
+
+
+@pytest.mark.parametrize("perm", [(1, 0, 2), (2, 0, 1)])
+def test_transpose_of_packed_operand_fused_with_relu(perm, device, kit):
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, 17, 20)).astype(np.float32)
+    enc = PackedEncoding((1, 2), (16, 16))
+    g = Graph("transpose")
+    xv = kit.add(g, "Pack", [g.add_input("x", TensorType(x.shape, np.float32))], {"encoding": enc}, encoding=enc)
+    t = kit.add(g, "Transpose", [xv], {"perm": perm})
+    g.add_output(kit.add(g, "Relu", [t]), "y")
+    got, want = kit.run_both(g, {"x": x}, device)
+    np.testing.assert_array_equal(got["y"], np.maximum(x.transpose(perm), 0))
+    np.testing.assert_array_equal(got["y"], want["y"])
+
+
+def test_bool_ops_mask_a_softmax_like_bert(kit, device):
+    """IsNaN -> Where and comparisons with And: bool values inside one chain."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((4, 9)).astype(F32)
+    x[0, 3] = np.nan
+    x[2, 5] = np.inf
+    g = Graph("bools")
+    xv = g.add_input("x", TensorType(x.shape, F32))
+    zero = g.add_constant(Splat(0.0, (), F32), name="zero")
+    nan = kit.add(g, "IsNaN", [xv])
+    inf = kit.add(g, "IsInf", [xv])
+    positive = kit.add(g, "Greater", [xv, zero])
+    keep = kit.add(g, "And", [kit.add(g, "Not", [kit.add(g, "Or", [nan, inf])]), positive])
+    g.add_output(keep, "keep")
+    g.add_output(kit.add(g, "Where", [keep, xv, zero]), "y")
+    got, want = kit.run_both(g, {"x": x}, device)
+    expect = ~(np.isnan(x) | np.isinf(x)) & (x > 0)
+    np.testing.assert_array_equal(got["keep"], expect)
+    np.testing.assert_array_equal(got["y"], np.where(expect, x, 0))
+    np.testing.assert_array_equal(got["y"], want["y"])
+
+
+def test_reshape_of_a_packed_buffer_is_one_copy_fused_with_what_follows(kit, device):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3, 17, 20)).astype(F32)
+    enc = PackedEncoding((1, 2), (16, 16))
+    g = Graph("reshape")
+    xv = kit.add(g, "Pack", [g.add_input("x", TensorType(x.shape, F32))], {"encoding": enc}, encoding=enc)
+    shape = g.add_constant(np.array([51, 4, 5], np.int64), name="shape")
+    r = kit.add(g, "Reshape", [xv, shape])
+    g.add_output(kit.add(g, "Tanh", [r]), "y")
+    got, want = kit.run_both(g, {"x": x}, device)
+    np.testing.assert_allclose(got["y"], np.tanh(x.reshape(51, 4, 5)), rtol=1e-6, atol=1e-6)
+    assert [names for names, _ in kernel_sources(g)] == [["pack"], ["reshape", "tanh"]]
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_gather_rows_of_an_embedding_table(kit, device, axis):
+    rng = np.random.default_rng(8)
+    table = rng.standard_normal((11, 7)).astype(F32)
+    ids = rng.integers(-11, 11, (2, 5)) if axis == 0 else rng.integers(-7, 7, (3,))
+    g = Graph("gather")
+    iv = g.add_input("ids", TensorType(ids.shape, np.int64))
+    g.add_output(kit.add(g, "Gather", [g.add_constant(table, name="table"), iv], {"axis": axis}), "y")
+    got, want = kit.run_both(g, {"ids": ids}, device)
+    np.testing.assert_array_equal(got["y"], np.take(table, ids, axis=axis))
+
+
+def test_scalar_results_and_a_gather_of_one_row(kit, device):
+    """Rank-0 indices (BERT's [CLS] token select) and a rank-0 chain result."""
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((6, 5)).astype(F32)
+    g = Graph("scalars")
+    xv = g.add_input("x", TensorType(x.shape, F32))
+    row = kit.add(g, "Gather", [xv, g.add_constant(np.array(-2, np.int64), name="i")], {"axis": 0})
+    g.add_output(kit.add(g, "Relu", [row]), "row")
+    one = kit.add(g, "Gather", [row, g.add_constant(np.array(3, np.int64), name="j")], {"axis": 0})
+    g.add_output(kit.add(g, "Exp", [one]), "one")
+    got, _ = kit.run_both(g, {"x": x}, device)
+    np.testing.assert_array_equal(got["row"], np.maximum(x[-2], 0))
+    np.testing.assert_allclose(got["one"], np.exp(x[-2, 3]), rtol=1e-6)
+    assert got["one"].shape == ()
+
+
+@pytest.mark.parametrize("op", ["Relu", "Max", "Min", "Clip", "HardSigmoid", "HardSwish"])
+def test_nan_in_nan_out_like_the_numpy_backend(kit, device, op):
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((3, 7)).astype(F32)
+    x[1, 2] = np.nan
+    g = Graph("nan")
+    xv = g.add_input("x", TensorType(x.shape, F32))
+    extra = {"Max": [g.add_constant(Splat(0.1, (), F32), name="c")], "Min": [g.add_constant(Splat(0.1, (), F32),
+                                                                                         name="c")],
+             "Clip": [g.add_constant(Splat(-0.5, (), F32), name="lo"), g.add_constant(Splat(0.5, (), F32), name="hi")]}
+    g.add_output(kit.add(g, op, [xv, *extra.get(op, [])]), "y")
+    got, want = kit.run_both(g, {"x": x}, device)
+    assert np.isnan(got["y"][1, 2])
+    np.testing.assert_allclose(got["y"], want["y"], rtol=1e-6, atol=1e-7)
+
+
+def test_expand_slice_and_concat_heads(kit, device):
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((3, 1, 6)).astype(F32)
+    y = rng.standard_normal((3, 4, 6)).astype(F32)
+    enc = PackedEncoding((2,), (4,))
+    g = Graph("moves")
+    xv = g.add_input("x", TensorType(x.shape, F32))
+    yv = kit.add(g, "Pack", [g.add_input("y", TensorType(y.shape, F32))], {"encoding": enc}, encoding=enc)
+    e = kit.add(g, "Expand", [xv, g.add_constant(np.array([2, 3, 4, 6], np.int64), name="shape")])
+    g.add_output(kit.add(g, "Neg", [e]), "expanded")
+    const = {name: g.add_constant(np.array(v, np.int64), name=name)
+             for name, v in (("starts", [-1, 1]), ("ends", [-100, 6]), ("axes", [2, 1]), ("steps", [-2, 2]))}
+    g.add_output(kit.add(g, "Slice", [yv, const["starts"], const["ends"], const["axes"], const["steps"]]), "sliced")
+    g.add_output(kit.add(g, "Concat", [yv, xv, yv], {"axis": 1}), "joined")
+    got, want = kit.run_both(g, {"x": x, "y": y}, device)
+    np.testing.assert_array_equal(got["expanded"], -np.broadcast_to(x, (2, 3, 4, 6)))
+    np.testing.assert_array_equal(got["sliced"], y[:, 1:6:2, -1::-2])
+    np.testing.assert_array_equal(got["joined"], np.concatenate([y, x, y], axis=1))
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name])
+
+
+@pytest.mark.parametrize("to,dtype", [(9, np.bool_), (1, np.float32), (10, np.float16)])
+def test_cast_from_integers(kit, device, to, dtype):
+    ids = np.random.default_rng(12).integers(-3000, 3000, (4, 7))
+    ids[0, :3] = 0
+    g = Graph("cast")
+    g.add_output(kit.add(g, "Cast", [g.add_input("ids", TensorType(ids.shape, np.int64))], {"to": to}), "y")
+    got, want = kit.run_both(g, {"ids": ids}, device)
+    np.testing.assert_array_equal(got["y"], ids.astype(dtype))
+    np.testing.assert_array_equal(got["y"], want["y"])

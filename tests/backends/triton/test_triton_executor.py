@@ -1,0 +1,138 @@
+"""The executor: per-node fallback to the NumPy backend with explicit transfers, host
+placement and Transfer nodes, unfused runs, generated sources, and one-line errors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import tilefold
+from tilefold.backends.triton import TritonExecutable, kernel_sources
+from tilefold.bench.models import mlp_model
+from tilefold.graph import Graph
+from tilefold.graph.errors import InputError, TilefoldError
+from tilefold.graph.types import TensorType
+
+F32 = np.float32
+
+
+def _graph_with_an_op_no_template_runs(kit):
+    """MatMul -> CumSum (no template: the NumPy backend) -> Relu."""
+    g = Graph("mixed")
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((6, 9)).astype(F32)
+    x = g.add_input("x", TensorType((4, 6), F32))
+    m = kit.add(g, "MatMul", [x, g.add_constant(w, name="w")], name="mm")
+    c = kit.add(g, "CumSum", [m, g.add_constant(np.array(1, np.int64), name="axis")], name="cumsum")
+    g.add_output(kit.add(g, "Relu", [c], name="relu"), "y")
+    return g, w
+
+
+def test_unsupported_node_falls_back_to_numpy_with_counted_transfers(kit, device):
+    g, w = _graph_with_an_op_no_template_runs(kit)
+    x = np.random.default_rng(1).standard_normal((4, 6)).astype(F32)
+    exe = TritonExecutable(g, device=device)
+    got = exe({"x": x})["y"]
+    np.testing.assert_allclose(got, np.maximum(np.cumsum(x @ w, axis=1), 0), rtol=1e-5, atol=1e-5)
+    assert exe.fallback_nodes == ["cumsum"]
+    # x goes in, mm's result to the host for cumsum, cumsum's result back, y leaves
+    assert exe.transfers == 4 and exe.transfer_bytes == 4 * (4 * 6 + 3 * 4 * 9)
+    assert [names for names, _ in kernel_sources(g)] == [["mm"], ["relu"]]
+
+
+def test_node_placed_on_the_host_runs_numpy_behind_transfer_nodes(kit, device):
+    g = Graph("placed")
+    x = g.add_input("x", TensorType((3, 5), F32))
+    a = kit.add(g, "Exp", [x], name="exp")
+    to_host = kit.add(g, "Transfer", [a], {"source": device, "target": "cpu"}, name="to_host")
+    b = kit.add(g, "Neg", [to_host], name="neg")
+    g.node("neg").device = "cpu"
+    back = kit.add(g, "Transfer", [b], {"source": "cpu", "target": device}, name="to_device")
+    g.add_output(kit.add(g, "Sigmoid", [back], name="sig"), "y")
+    x_val = np.random.default_rng(2).standard_normal((3, 5)).astype(F32)
+    exe = TritonExecutable(g, device=device)
+    got = exe({"x": x_val})["y"]
+    np.testing.assert_allclose(got, 1 / (1 + np.exp(np.exp(x_val))), rtol=1e-6)
+    assert exe.fallback_nodes == ["neg"]
+
+
+def test_unfused_run_gives_the_same_result_with_more_kernels(kit):
+    g = tilefold.optimize(tilefold.load(mlp_model(batch=5, sizes=(20, 33, 7), seed=1)), "gpu").graph
+    x = np.random.default_rng(3).standard_normal((5, 20)).astype(F32)
+    fused = TritonExecutable(g, device="interp")
+    unfused = TritonExecutable(g, device="interp", fuse=False)
+    np.testing.assert_allclose(fused({"x": x})["y"], unfused({"x": x})["y"], rtol=1e-5, atol=1e-6)
+    assert len(kernel_sources(g, fuse=False)) > len(kernel_sources(g)) == 2
+
+
+def test_kernel_sources_are_readable_python_naming_their_nodes():
+    g = tilefold.load(mlp_model(batch=2, sizes=(8, 12, 3), seed=4))
+    sources = kernel_sources(g)
+    for names, source in sources:
+        compile(source, "<kernel>", "exec")
+        assert source.startswith("import triton\nimport triton.language as tl\n")
+        assert all(name in source for name in names) and "@triton.jit" in source
+
+
+def test_input_errors_are_one_line(kit):
+    g = tilefold.load(mlp_model(batch=2, sizes=(8, 12, 3), seed=4))
+    exe = TritonExecutable(g, device="interp")
+    with pytest.raises(InputError, match="missing input 'x'"):
+        exe({})
+    with pytest.raises(InputError, match="unknown input name 'z'"):
+        exe({"x": np.zeros((2, 8), F32), "z": 1})
+    with pytest.raises(InputError, match=r"input 'x' has shape \(2, 9\)"):
+        exe({"x": np.zeros((2, 9), F32)})
+
+
+def test_unknown_device_and_missing_gpu_are_one_line_errors():
+    g = tilefold.load(mlp_model(batch=2, sizes=(8, 12, 3), seed=4))
+    with pytest.raises(TilefoldError, match="unknown Triton device 'tpu'"):
+        TritonExecutable(g, device="tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(TilefoldError, match="no CUDA GPU.*interp") as info:
+            TritonExecutable(g, device="cuda")
+        assert "\n" not in str(info.value)
+
+
+def test_symbolic_batch_is_specialized_per_input_shape(kit):
+    """A dynamic batch: each batch size compiles its own static kernels (cached)."""
+    model = mlp_model(batch="N", sizes=(20, 33, 7), seed=5)
+    g = tilefold.optimize(tilefold.load(model), "gpu").graph
+    exe = TritonExecutable(g, device="interp")
+    rng = np.random.default_rng(6)
+    for batch in (3, 17, 3):
+        x = rng.standard_normal((batch, 20)).astype(F32)
+        kit.assert_close(exe({"x": x}), kit.ort_outputs(model, {"x": x}))
+        assert exe.fallback_nodes == []
+    assert len(exe._variants) == 2
+    assert len(kernel_sources(g, shapes={"x": (4, 20)})) == 2 and kernel_sources(g) == []
+    with pytest.raises(InputError, match="rank"):
+        exe({"x": np.zeros((3,), F32)})
+
+
+def test_the_interp_device_says_what_it_is_for():
+    from tilefold.backends.triton import supported_ops
+
+    g = tilefold.load(mlp_model(batch=2, sizes=(8, 12, 3), seed=4))
+    assert "testing" in TritonExecutable(g, device="interp").note
+    assert {"MatMul", "Conv", "Softmax", "Pack", "Unpack", "Relu"} <= supported_ops()
+
+
+def test_shape_of_a_device_tensor_is_known_at_compile_time_and_moves_no_data(kit):
+    from tilefold.backends.triton import supports
+
+    g = Graph("shape")
+    x = g.add_input("x", TensorType((3, 5), F32))
+    e = kit.add(g, "Exp", [x], name="exp")
+    g.add_output(e, "e")
+    g.add_output(kit.add(g, "Shape", [e], name="shape"), "s")
+    exe = TritonExecutable(g, device="interp")
+    x_val = np.random.default_rng(7).standard_normal((3, 5)).astype(F32)
+    out = exe({"x": x_val})
+    np.testing.assert_array_equal(out["s"], [3, 5])
+    np.testing.assert_allclose(out["e"], np.exp(x_val), rtol=1e-6)
+    assert exe.fallback_nodes == [] and exe.transfers == 2  # x in, e out: the shape reads no buffer
+    assert supports(g, g.node("shape")) and supports(g, g.node("exp"))
+    cum = kit.add(g, "CumSum", [x, g.add_constant(np.array(0, np.int64), name="axis")], name="cumsum")
+    assert not supports(g, g.node(cum.node))

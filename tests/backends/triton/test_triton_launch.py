@@ -1,0 +1,136 @@
+"""Launch configuration as node data: defaults from shapes, overrides from Python, and the
+verifier's one-line rejections (block vs tile, powers of two, rows longer than a block)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tilefold.backends.triton import TritonExecutable, set_launch, verify_launch
+from tilefold.backends.triton.launch import config, kernel_groups
+from tilefold.graph import Graph
+from tilefold.graph.errors import VerifyError
+from tilefold.graph.types import TensorType
+from tilefold.layout.encoding import PackedEncoding
+
+F32 = np.float32
+
+
+def _mlp_graph(kit, tile: int = 16):
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((37, 50)).astype(F32)
+    w = rng.standard_normal((50, 70)).astype(F32)
+    enc = PackedEncoding((0, 1), (tile, tile))
+    g = Graph("launch")
+    av = g.add_input("a", TensorType(a.shape, F32))
+    y = kit.add(g, "MatMul", [av, kit.packed_const(g, w, enc, "w")], encoding=enc, name="mm")
+    y = kit.add(g, "Relu", [y], encoding=enc.with_pad(None), name="relu")
+    y = kit.add(g, "Unpack", [y], name="unpack")
+    g.add_output(kit.add(g, "Softmax", [y], {"axis": -1}, name="softmax"), "y")
+    return g, {"a": a}, a @ w
+
+
+def test_defaults_come_from_shapes_and_the_target_tile(kit):
+    g, _, _ = _mlp_graph(kit)
+    groups = {grp.anchor.name: grp for grp in kernel_groups(g)}
+    assert set(groups) == {"mm", "softmax"}
+    mm = config(g, groups["mm"])
+    assert mm["BLOCK_M"] == 64 and mm["BLOCK_N"] == 128 and mm["BLOCK_K"] == 32 and mm["input_precision"] == "ieee"
+    assert config(g, groups["softmax"])["BLOCK"] == 128  # the whole 70-element row in one block
+    verify_launch(g)
+
+
+def test_user_configuration_is_node_data_and_changes_the_launch_not_the_result(kit, device):
+    g, feeds, want = _mlp_graph(kit)
+    base = TritonExecutable(g, device=device)(feeds)["y"]
+    assert set_launch(g, "mm", BLOCK_M=16, BLOCK_N=32, BLOCK_K=16, num_warps=2) == ["mm"]
+    assert g.node("mm").launch == {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 16, "num_warps": 2}
+    assert g.copy().node("mm").launch == g.node("mm").launch
+    exe = TritonExecutable(g, device=device)
+    plan = next(s.plan for s in exe.steps if s.plan is not None and s.plan.kind == "matmul")
+    assert plan.config["BLOCK_M"] == 16 and plan.grid(plan.config) == (9,)
+    np.testing.assert_allclose(exe(feeds)["y"], base, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("settings,message", [
+    ({"BLOCK_K": 24}, "BLOCK_K=24 is not a positive power of two"),
+    ({"BLOCK_M": 8}, "BLOCK_M=8 is below 16"),
+    ({"BLOCK_Q": 16}, "unknown launch key 'BLOCK_Q'"),
+    ({"num_warps": 3}, "num_warps=3"),
+    ({"input_precision": "fast"}, "input_precision='fast'"),
+])
+def test_bad_matmul_configurations_are_rejected_in_one_line(kit, settings, message):
+    g, _, _ = _mlp_graph(kit)
+    set_launch(g, "mm", **settings)
+    with pytest.raises(VerifyError, match=message) as info:
+        verify_launch(g)
+    assert "'mm'" in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(VerifyError):
+        TritonExecutable(g, device="interp")
+
+
+def test_a_block_must_cover_whole_tiles_of_the_packed_operand(kit):
+    """32x32 tiles on the weight: BLOCK_K=16 would split a tile; the error names node, tile, block."""
+    g, feeds, want = _mlp_graph(kit, tile=32)
+    set_launch(g, "mm", BLOCK_K=16)
+    with pytest.raises(VerifyError) as info:
+        verify_launch(g)
+    text = str(info.value)
+    assert "'mm'" in text and "BLOCK_K=16" in text and "tiled by 32" in text and "operand 1 (w)" in text
+    set_launch(g, "mm", BLOCK_K=64, BLOCK_M=32, BLOCK_N=32)
+    verify_launch(g)
+    got = TritonExecutable(g, device="interp")(feeds)["y"]
+    e = np.exp(np.maximum(want, 0) - np.maximum(want, 0).max(-1, keepdims=True))
+    np.testing.assert_allclose(got, e / e.sum(-1, keepdims=True), rtol=1e-4, atol=1e-6)
+
+
+def test_a_reduction_block_must_hold_the_row(kit):
+    g, _, _ = _mlp_graph(kit)
+    set_launch(g, "softmax", BLOCK=64)
+    with pytest.raises(VerifyError, match=r"'softmax'.*BLOCK=64 is shorter than the row \(70"):
+        verify_launch(g)
+
+
+def test_configuration_on_a_fused_node_is_rejected(kit):
+    g, _, _ = _mlp_graph(kit)
+    set_launch(g, "relu", BLOCK=256)
+    with pytest.raises(VerifyError, match="'relu'.*runs no generated kernel"):
+        verify_launch(g)
+
+
+def test_set_launch_by_op_and_pattern(kit):
+    g, _, _ = _mlp_graph(kit)
+    assert set_launch(g, "MatMul", num_stages=2) == ["mm"]
+    assert set_launch(g, "soft*", num_warps=8) == ["softmax"]
+    with pytest.raises(VerifyError, match="matches no node"):
+        set_launch(g, "conv*", BLOCK=16)
+
+
+def test_autotune_writes_verified_choices_onto_the_nodes(kit):
+    from tilefold.backends.triton import autotune
+
+    g, feeds, _ = _mlp_graph(kit)
+    before = TritonExecutable(g, device="interp")(feeds)["y"]
+    chosen = autotune(g, feeds, device="interp", limit=3)
+    assert set(chosen) == {"mm", "softmax"}
+    assert g.node("mm").launch == chosen["mm"] and g.node("softmax").launch == chosen["softmax"]
+    verify_launch(g)
+    np.testing.assert_allclose(TritonExecutable(g, device="interp")(feeds)["y"], before, rtol=1e-5, atol=1e-6)
+
+
+def test_configuration_travels_in_the_optimized_onnx_file(tmp_path):
+    """Launch data written by `tilefold.save` comes back with `tilefold.load`, and a bad value
+    edited into the file is rejected when the graph is compiled."""
+    import tilefold
+    from tilefold.bench.models import mlp_model
+
+    g = tilefold.optimize(tilefold.load(mlp_model(batch=5, sizes=(20, 33, 7))), "gpu").graph
+    set_launch(g, "matmul0", BLOCK_M=16, BLOCK_N=32, num_warps=2)
+    tilefold.save(g, tmp_path / "m.onnx")
+    loaded = tilefold.load(tmp_path / "m.onnx")
+    assert loaded.node("matmul0").launch == {"BLOCK_M": 16, "BLOCK_N": 32, "num_warps": 2}
+    x = np.random.default_rng(1).standard_normal((5, 20)).astype(F32)
+    np.testing.assert_array_equal(TritonExecutable(loaded, device="interp")({"x": x})["y"],
+                                  TritonExecutable(g, device="interp")({"x": x})["y"])
+    set_launch(loaded, "matmul0", BLOCK_N=48)
+    with pytest.raises(VerifyError, match="'matmul0'.*BLOCK_N=48"):
+        TritonExecutable(loaded, device="interp")
