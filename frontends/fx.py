@@ -81,7 +81,7 @@ def graph_from_fx(gm: torch.fx.GraphModule, frozen: Mapping[str, torch.Tensor] |
         else:
             plan.append({"value": value if isinstance(out, torch.fx.Node) else out})
     graph.meta["fx_outputs"] = plan
-    graph.meta["source"] = "torch.fx"
+    graph.meta["source"] = f"{name} (torch.fx)"
     return graph
 
 
@@ -145,6 +145,9 @@ def unsupported_nodes(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, str]:
     return found
 
 
+_ASSERTIONS = frozenset({torch.ops.aten._assert_tensor_metadata.default, torch.ops.aten._assert_async.default})
+
+
 def export_aten(module: torch.nn.Module, example_inputs: Sequence[Any]) -> tuple[torch.fx.GraphModule, dict]:
     """`torch.export` of `module` decomposed to core ATen: its GraphModule and the tensors of
     its parameters, buffers and constants by placeholder name."""
@@ -154,13 +157,17 @@ def export_aten(module: torch.nn.Module, example_inputs: Sequence[Any]) -> tuple
     with torch.no_grad():
         program = torch.export.export(module, tuple(example_inputs), strict=False)
         program = program.run_decompositions(core_aten_decompositions())
+    gm = program.graph_module
+    for node in list(gm.graph.nodes):  # checks torch.export adds (dtype/shape asserts): nothing to run
+        if node.op == "call_function" and node.target in _ASSERTIONS and not node.users:
+            gm.graph.erase_node(node)
     tensors = {**program.state_dict, **program.constants}
     frozen = {
         spec.arg.name: tensors[spec.target]
         for spec in program.graph_signature.input_specs
         if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
     }
-    return program.graph_module, frozen
+    return gm, frozen
 
 
 def from_torch(module: torch.nn.Module, example_inputs: Any, **options: Any) -> Graph:

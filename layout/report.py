@@ -314,7 +314,7 @@ class LayoutReport:
         """The table as text in IPython terminals (instead of the dataclass's fields)."""
         from rich.console import Console
 
-        console = Console(file=io.StringIO(), width=120, record=True, color_system=None)
+        console = Console(file=io.StringIO(), width=120, record=True, color_system=None, force_jupyter=False)
         console.print(self)
         printer.text(console.export_text().rstrip())
 

@@ -58,3 +58,22 @@ def test_unsupported_op_is_named():
 
     with pytest.raises(UnsupportedOpError, match=r"aten\.sort"):
         tilefold.from_torch(Sorter(), (torch.randn(3, 4),))
+
+
+def test_from_torch_takes_an_attention_mask_despite_export_s_dtype_asserts():
+    """torch.export adds `_assert_tensor_metadata` checks when the mask changes dtype: they
+    are checks, not computation, so from_torch drops them."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    model = BertModel(BertConfig(num_hidden_layers=1, hidden_size=32, num_attention_heads=4,
+                                 intermediate_size=64, vocab_size=50)).eval()
+    ids = torch.randint(0, 50, (2, 7))
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[:, -3:] = 0
+    graph = tilefold.from_torch(model, (ids, mask))
+    assert graph.meta["source"] == "BertModel (torch.fx)"
+    got = tilefold.compile(tilefold.optimize(graph, "cpu").graph)(dict(zip(graph.inputs, (ids.numpy(), mask.numpy()))))
+    with torch.no_grad():
+        want = model(ids, mask).last_hidden_state.numpy()
+    np.testing.assert_allclose(got[graph.output_names()[0]], want, rtol=1e-4, atol=1e-5)
