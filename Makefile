@@ -23,13 +23,18 @@ demo: $(STAMP)
 	$(BIN)/tilefold optimize build/mlp.onnx --target gpu --check -o build/mlp.gpu.onnx
 	$(BIN)/tilefold run build/mlp.gpu.onnx --compare onnxruntime
 
-# Everything, the slow model-level tests included (about 2 minutes; what CI runs).
+# pytest runs with --rootdir=tests: the repository root is the package (it has __init__.py),
+# and pytest would otherwise import it as a test package, which fails in a clone whose folder
+# name is not a Python identifier (e.g. tilefold-main).
+PYTEST := $(BIN)/python -m pytest --rootdir=tests
+
+# Everything, the slow model-level tests included (what CI runs).
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 -q -m ''
+	$(PYTEST) -n 2 -q -m ''
 
 # The quick subset for development: slow model-level tests left out.
 test-quick: $(STAMP)
-	$(BIN)/python -m pytest -n 2 -q
+	$(PYTEST) -n 2 -q
 
 bench: $(STAMP)
 	$(BIN)/python -m tilefold.bench.cpu_models
