@@ -5,8 +5,11 @@ torch.compile with inductor, one process, ResNet-50 (batch 1, 224x224) and BERT-
 
 Compile time is the first call (Dynamo tracing, aot_autograd, conversion, layout
 optimization, kernel building) minus one steady-state call. After a warm-up the runners take
-turns, so that load drift on a shared machine hits them alike; the median is reported with
-the ratio to eager PyTorch (below 1: faster than eager) and the largest difference from eager.
+turns, so that load drift on a shared machine hits them alike, each call after an idle gap
+(OpenBLAS threads, which tilefold's NumPy kernels use, spin for a while after a call and
+would otherwise slow whichever runner comes next: eager measured 124-169 ms without the gap,
+against 74 ms alone); the median is reported with the ratio to eager PyTorch (below 1: faster
+than eager) and the largest difference from eager.
 """
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ def model_case(name: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], Ca
     raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
 
 
-def bench_model(name: str, runners: Sequence[str], repeat: int, warmup: int) -> list[dict[str, Any]]:
+def bench_model(name: str, runners: Sequence[str], repeat: int, warmup: int, gap: float) -> list[dict[str, Any]]:
     model, args, first = model_case(name)
     functions = {"eager": model}
     for runner in runners:
@@ -62,6 +65,7 @@ def bench_model(name: str, runners: Sequence[str], repeat: int, warmup: int) -> 
                 fn(*args)
         for _ in range(repeat):
             for runner in runners:
+                time.sleep(gap)  # lets the previous runner's BLAS threads stop spinning (see module docstring)
                 start = time.perf_counter()
                 functions[runner](*args)
                 rows[runner]["seconds"].append(time.perf_counter() - start)
@@ -89,6 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=10, help="timed runs per runner (median reported)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--gap", type=float, default=0.1, help="idle seconds before each timed call")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     runners = [r for r in args.runners.split(",") if r]
@@ -96,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{args.warmup} warm-up  (numpy's BLAS threads: its own setting, e.g. OPENBLAS_NUM_THREADS)", flush=True)
     rows: list[dict[str, Any]] = []
     for name in args.models.split(","):
-        rows += bench_model(name, runners, args.repeat, args.warmup)
+        rows += bench_model(name, runners, args.repeat, args.warmup, args.gap)
     print(format_table(rows))
     return 0
 
