@@ -51,6 +51,21 @@ class Signature:
                     seen.append(d)
         return seen
 
+    def letters(self, index: int, is_result: bool) -> list[str | None] | None:
+        """The iteration dim of each dim of operand (or result) `index`. A singleton (`None`:
+        an operand's broadcast dim, a result's kept reduced dim) is named after the dim it
+        lines up with, right-aligned as numpy broadcasts, in the result (or operand 0, for a
+        result)."""
+        idx = self.results[index] if is_result else self.operands[index]
+        if idx is None:
+            return None
+        letters = list(idx)
+        full = self.operands[0] if is_result else self.results[0]
+        if None in letters and full is not None and len(full) >= len(letters):
+            offset = len(full) - len(letters)
+            letters = [full[offset + d] if letter is None else letter for d, letter in enumerate(letters)]
+        return letters
+
     def __str__(self) -> str:
         def fmt(idx: Indexing | None) -> str:
             return "_" if idx is None else "".join(d or "1" for d in idx)

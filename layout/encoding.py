@@ -8,6 +8,9 @@ A logical tensor of shape S (rank n) packed with `inner_dims_pos` P, `inner_tile
 Tiled dims are padded up to whole tiles; `pad` records what the padding holds (a value,
 or None when unknown), so that a consumer that would read padding (a reduction, a matmul's
 k) can check it. Every other module is tested against `pack`/`unpack` here.
+
+`reshape_perm` and `reshape_encoding` say when a reshape of a packed buffer is a view of it,
+and in which encoding (propagation moves layouts through reshapes with them).
 """
 from __future__ import annotations
 
@@ -174,3 +177,88 @@ def unpack(p: np.ndarray, enc: PackedEncoding, shape: Sequence[int]) -> np.ndarr
     padded = enc.padded_shape(shape)
     logical = split.reshape(padded)
     return np.ascontiguousarray(logical[tuple(slice(0, d) for d in shape)])
+
+
+# ---- reshapes of packed buffers -----------------------------------------------------------
+def reshape_perm(src: Sequence[int], dst: Sequence[int], perm: Sequence[int]) -> tuple[int, ...] | None:
+    """The outer permutation of a `dst`-shaped view of a buffer holding `src` permuted by
+    `perm`, or None when the reshape would need to move data. Reshapes pair groups of src
+    dims with groups of dst dims of equal size; each src group must lie contiguous and in
+    order in the buffer (size-1 dims do not count)."""
+    if int(np.prod(src)) != int(np.prod(dst)):
+        return None
+    s_dims = [d for d in range(len(src)) if src[d] != 1]
+    t_dims = [d for d in range(len(dst)) if dst[d] != 1]
+    groups: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(s_dims) and j < len(t_dims):
+        gs, gt = [s_dims[i]], [t_dims[j]]
+        ps, pt = src[s_dims[i]], dst[t_dims[j]]
+        i, j = i + 1, j + 1
+        while ps != pt:
+            if ps < pt and i < len(s_dims):
+                gs.append(s_dims[i]); ps *= src[s_dims[i]]; i += 1
+            elif pt < ps and j < len(t_dims):
+                gt.append(t_dims[j]); pt *= dst[t_dims[j]]; j += 1
+            else:
+                return None
+        groups.append((gs, gt))
+    position = {d: k for k, d in enumerate(d for d in perm if src[d] != 1)}
+    for gs, _ in groups:
+        first = position[gs[0]]
+        if [position[d] for d in gs] != list(range(first, first + len(gs))):
+            return None
+    groups.sort(key=lambda g: position[g[0][0]])
+    ones = [d for d in range(len(dst)) if dst[d] == 1]
+    return tuple(ones + [d for _, gt in groups for d in gt])
+
+
+def _strides(shape: Sequence[int]) -> list[int]:
+    out = [1] * len(shape)
+    for i in range(len(shape) - 2, -1, -1):
+        out[i] = out[i + 1] * shape[i + 1]
+    return out
+
+
+def reshape_encoding(src: Sequence[int], dst: Sequence[int], enc: PackedEncoding) -> PackedEncoding | None:
+    """The encoding of a `dst`-shaped view of the buffer holding `src` in `enc`, or None when
+    the reshape would move data. A tiled dim passes through whole: its tile becomes the inner
+    part of the one `dst` dim that starts at the same row-major stride and holds whole tiles
+    (BERT's head split: hidden 768 tiled by 16 becomes (12, 64) with 64 tiled by 16), and it
+    must hold no padding. Each tiled dim counts as its (blocks, tile) pair, and `reshape_perm`
+    checks that the groups stay together in the buffer."""
+    tiles = {d: t for d, t in enc.tiles().items() if t != 1}
+    if any(src[d] % t for d, t in tiles.items()):
+        return None  # padding would land inside the reshaped dims
+    s_stride, t_stride = _strides(src), _strides(dst)
+    split: dict[int, int] = {}
+    for d, t in tiles.items():
+        found = [j for j in range(len(dst)) if dst[j] != 1 and t_stride[j] == s_stride[d] and dst[j] % t == 0]
+        if len(found) != 1 or found[0] in split:
+            return None
+        split[found[0]] = t
+    src_at, src2 = refine(src, tiles)
+    dst_at, dst2 = refine(dst, split)
+    perm2 = [src_at[d] for d in enc.outer_perm(len(src))] + [src_at[d] + 1 for d in enc.inner_dims_pos if d in tiles]
+    new = reshape_perm(src2, dst2, perm2)
+    if new is None:
+        return None
+    tile_of = {dst_at[j] + 1: j for j in split}
+    body = [k for k in new if dst2[k] != 1]
+    inner = body[len(body) - len(split):] if split else []
+    if set(inner) != set(tile_of):
+        return None  # a tile would sit among the outer dims
+    dim_of = {dst_at[j]: j for j in range(len(dst))}
+    outer = tuple(dim_of[k] for k in new if k not in tile_of)
+    inner_dims = tuple(tile_of[k] for k in inner)
+    return canonical(PackedEncoding(inner_dims, tuple(split[j] for j in inner_dims), outer, enc.pad), dst)
+
+
+def refine(shape: Sequence[int], tiles: dict[int, int]) -> tuple[dict[int, int], list[int]]:
+    """`shape` with each tiled dim split into (blocks, tile), and where each dim starts."""
+    at: dict[int, int] = {}
+    refined: list[int] = []
+    for d, size in enumerate(shape):
+        at[d] = len(refined)
+        refined += [size // tiles[d], tiles[d]] if d in tiles else [size]
+    return at, refined

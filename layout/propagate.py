@@ -7,9 +7,12 @@ down as it can go, since its consumers come later in the order):
 2. cancel: Pack(Unpack(p)) with the same layout is p (refused when the padding differs:
    padding must never change a result); Unpack(Pack(x)) is x.
 3. down: a node reading Unpack(p) runs on p instead, its results get the encodings its
-   iteration signature maps p's encoding to, and Unpacks follow its packed results. Only
-   when no new runtime layout op is needed: every other operand is a constant (packed at
-   compile time), an Unpack of the mapped encoding, or needs no packing at all.
+   iteration signature maps p's encoding to, and Unpacks follow its packed results. Every
+   other operand is a constant (packed at compile time), an Unpack of the mapped layout,
+   or needs no packing; or else (a value with several consumers) a runtime value packed by
+   a Pack that is already there, or by a new one, while that moves fewer bytes than the
+   Unpack: the Unpack then goes on down and cancels (a residual add reading the LayerNorm
+   output its MatMuls pack anyway; an attention mask broadcast over heads, packed once).
 4. up: Pack(N(...)) where every user of N packs the same way, by the same mapping run
    backwards, under the same condition.
 5. absorb: a Pack left in front of an anchor whose kernel can read the unpacked operand
@@ -17,15 +20,21 @@ down as it can go, since its consumers come later in the order):
 6. transposes: a Transpose moves no data. Its result keeps its input's buffer, with the
    permuted encoding (an Unpack after it then moves down by rule 3), or its producer, an
    anchor, writes the transposed layout (rule 4 into an anchor).
-7. reshapes: a Reshape of a permuted buffer is a view of it whenever each group of dims
-   it merges or splits stays together in the buffer (`reshape_perm`).
+7. reshapes: a reshape of a packed buffer is a view of it whenever each group of dims it
+   merges or splits stays together in the buffer and each tiled dim passes through whole
+   (`reshape_encoding`), down (Unpack) and up (Pack). A flatten read only as a Gemm's or
+   MatMul's k against constant weights reads the buffer in its own order, the weight rows
+   permuted at compile time (`flatten_into_weights`).
 8. anchors read and write the packed buffers the target says their kernels take without a
    copy (on the CPU: matmul operands and results whose matrices are row- or column-major).
 
-The mapping through a signature: tiled dims must be parallel iteration dims (never
-reduction or window dims); a permutation of outer dims maps through any op. Tiled
-encodings go only through layout-agnostic (elementwise) ops, whose kernels run on the
-packed buffers as they are; permutations go through every op with a signature.
+The mapping through a signature: a permutation of outer dims maps through any op; a tiled
+dim never through a window dim, through a parallel dim whose sizes differ between operands
+(Concat, Split, Slice, Pad along it) only when every size is whole tiles, and through a
+reduction dim only when the padding is neutral for it (Softmax and LayerNormalization need
+whole tiles). What padding holds is tracked in the encodings' `pad` (layout/padding.py):
+unknown (None) unless provably zero, and a Pack asking for zeros does not move up past an op
+that would break that.
 """
 from __future__ import annotations
 
@@ -38,13 +47,20 @@ from ..graph.graph import CONSTANT, INPUT, OUTPUT, Graph, Node
 from ..graph.passes.cse import cse
 from ..graph.passes.dce import dce
 from ..graph.passes.pipeline import Pass, PassResult, PipelineLog, run_passes
-from ..graph.registry import get, signature
+from ..graph.registry import signature
 from ..graph.signature import Signature
 from ..graph.types import Splat, TensorType, Value, as_array
-from .encoding import PackedEncoding, canonical, pack, unpack
+from .encoding import PackedEncoding, canonical, pack, refine, reshape_encoding, reshape_perm, unpack
+
+__all__ = ["propagate", "map_encoding", "reshape_encoding", "reshape_perm"]
+from .padding import padding_checked
 from .targets import Target
 
 PACK, UNPACK = "Pack", "Unpack"
+RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+"""Ops whose result is their input reshaped row-major (shape or axes inputs aside)."""
+_K_READERS = frozenset({"Gemm", "MatMul"})
+"""Anchors whose operand 0's last dim is the reduction k against the rows of operand 1."""
 _FIXED = {INPUT, OUTPUT, CONSTANT, PACK, UNPACK}
 
 
@@ -59,19 +75,28 @@ class Mapping:
 
 
 # ---- the mapping of an encoding through an iteration signature ---------------------------
-def _letters(sig: Signature, index: int, is_result: bool) -> list[str | None] | None:
-    """The iteration dim of each tensor dim. A singleton (`None`: an operand's broadcast
-    dim, a result's kept reduced dim) is named after the dim it lines up with, right-aligned
-    as numpy broadcasts, in the result (or operand 0, for a result)."""
-    idx = sig.results[index] if is_result else sig.operands[index]
-    if idx is None:
-        return None
-    letters = list(idx)
-    full = sig.operands[0] if is_result else sig.results[0]
-    if None in letters and full is not None and len(full) >= len(letters):
-        offset = len(full) - len(letters)
-        letters = [full[offset + d] if l is None else l for d, l in enumerate(letters)]
-    return letters
+def _tiles_line_up(sig: Signature, in_types: Sequence[TensorType | None], out_types: Sequence[TensorType],
+                   tiles: dict[str, int]) -> bool:
+    """Each tiled iteration dim has one size in every tensor that indexes it, or else (a
+    Concat, Split, Slice or Pad along it) every size is a whole number of tiles, so that the
+    pieces' blocks line up with the result's."""
+    if not tiles:
+        return True
+    sizes: dict[str, set] = {letter: set() for letter in tiles}
+    tensors = [(t, sig.letters(i, False)) for i, t in enumerate(in_types)]
+    tensors += [(t, sig.letters(k, True)) for k, t in enumerate(out_types)]
+    for t, letters in tensors:
+        if t is None or letters is None:
+            continue
+        for dim, letter in zip(t.shape, letters):
+            if letter in sizes and dim != 1:
+                sizes[letter].add(dim)
+    for letter, found in sizes.items():
+        if any(not isinstance(d, int) for d in found):
+            return False
+        if len(found) > 1 and any(d % tiles[letter] for d in found):
+            return False
+    return True
 
 
 def map_encoding(node: Node, sig: Signature, in_types: Sequence[TensorType | None],
@@ -80,13 +105,13 @@ def map_encoding(node: Node, sig: Signature, in_types: Sequence[TensorType | Non
     has `enc`, or None when the signature cannot carry it."""
     out_types = node.outputs
     is_result, index = fixed
-    src = _letters(sig, index, is_result)
+    src = sig.letters(index, is_result)
     if src is None or None in src:
         return None
     tiles = {src[d]: t for d, t in enc.tiles().items()}
-    if tiles and get(node.op).layout != "agnostic":
+    if any(sig.kind(letter) == "window" for letter in tiles):
         return None
-    if any(sig.kind(letter) != "parallel" for letter in tiles):
+    if not _tiles_line_up(sig, in_types, out_types, tiles):
         return None
     order = [src[d] for d in enc.outer_perm(len(src))]
     inner = [src[d] for d in enc.inner_dims_pos]
@@ -101,7 +126,10 @@ def map_encoding(node: Node, sig: Signature, in_types: Sequence[TensorType | Non
         if None in letters or any(l not in order for l in letters):
             return False
         missing = [l for l in order if l not in letters]
-        if missing != order[: len(missing)] or any(l in tiles for l in missing):
+        if slot is None:
+            if any(sig.kind(l) != "reduction" for l in missing):
+                return False  # only a reduction drops dims from a result
+        elif missing != order[: len(missing)] or any(l in tiles for l in missing):
             full = sig.results[0]  # a lower-rank operand: as if left-padded with size-1 dims
             if slot is None or full is None or len(full) <= len(letters) or None in full:
                 return False
@@ -122,57 +150,17 @@ def map_encoding(node: Node, sig: Signature, in_types: Sequence[TensorType | Non
         if t is None:
             operands.append(None)
             continue
-        got = enc if (not is_result and i == index) else derive(_letters(sig, i, False), t.shape, i)
+        got = enc if (not is_result and i == index) else derive(sig.letters(i, False), t.shape, i)
         if got is False:
             return None
         operands.append(got)  # type: ignore[arg-type]
     results: list[PackedEncoding | None] = []
     for k, t in enumerate(out_types):
-        got = enc if (is_result and k == index) else derive(_letters(sig, k, True), t.shape, None)
+        got = enc if (is_result and k == index) else derive(sig.letters(k, True), t.shape, None)
         if got is False:
             return None
         results.append(got)  # type: ignore[arg-type]
     return Mapping(operands, results, ranked)
-
-
-def reshape_perm(src: Sequence[int], dst: Sequence[int], perm: Sequence[int]) -> tuple[int, ...] | None:
-    """The outer permutation of a `dst`-shaped view of a buffer holding `src` permuted by
-    `perm`, or None when the reshape would need to move data. Reshapes pair groups of src
-    dims with groups of dst dims of equal size; each src group must lie contiguous and in
-    order in the buffer (size-1 dims do not count)."""
-    if int(np.prod(src)) != int(np.prod(dst)):
-        return None
-    s_dims = [d for d in range(len(src)) if src[d] != 1]
-    t_dims = [d for d in range(len(dst)) if dst[d] != 1]
-    groups: list[tuple[list[int], list[int]]] = []
-    i = j = 0
-    while i < len(s_dims) and j < len(t_dims):
-        gs, gt = [s_dims[i]], [t_dims[j]]
-        ps, pt = src[s_dims[i]], dst[t_dims[j]]
-        i, j = i + 1, j + 1
-        while ps != pt:
-            if ps < pt and i < len(s_dims):
-                gs.append(s_dims[i]); ps *= src[s_dims[i]]; i += 1
-            elif pt < ps and j < len(t_dims):
-                gt.append(t_dims[j]); pt *= dst[t_dims[j]]; j += 1
-            else:
-                return None
-        groups.append((gs, gt))
-    position = {d: k for k, d in enumerate(d for d in perm if src[d] != 1)}
-    for gs, _ in groups:
-        first = position[gs[0]]
-        if [position[d] for d in gs] != list(range(first, first + len(gs))):
-            return None
-    groups.sort(key=lambda g: position[g[0][0]])
-    ones = [d for d in range(len(dst)) if dst[d] == 1]
-    return tuple(ones + [d for _, gt in groups for d in gt])
-
-
-def _permutation(t: TensorType) -> tuple[int, ...] | None:
-    enc = t.encoding
-    if not isinstance(enc, PackedEncoding) or enc.inner_tiles or not t.is_static:
-        return None
-    return enc.outer_perm(t.rank)
 
 
 # ---- rules --------------------------------------------------------------------------------
@@ -194,8 +182,8 @@ def _source(graph: Graph, value: Value | None, enc: PackedEncoding | None,
         return False
     if producer.op == UNPACK:
         packed = graph.inputs_of(producer.name)[0]
-        if graph.type_of(packed).encoding == enc:
-            return packed
+        if enc.same_layout(graph.type_of(packed).encoding):
+            return packed  # what its padding holds is checked by `padding_checked`
     return False
 
 
@@ -212,6 +200,8 @@ def _packed_constant(graph: Graph, const: Node, enc: PackedEncoding, shape: tupl
         stored_enc = enc.with_pad(value.value) if padded else enc
         packed = Splat(value.value, stored_enc.physical_shape(t.shape), t.dtype)
         return graph.add_constant(packed, name=f"{const.name}_packed", type=TensorType(t.shape, t.dtype, stored_enc))
+    if padded and enc.pad is None:
+        enc = enc.with_pad(0.0)  # what `pack` fills in
     return graph.add_constant(pack(as_array(value), enc), name=f"{const.name}_packed",
                               type=TensorType(t.shape, t.dtype, enc))
 
@@ -233,10 +223,40 @@ def _rewrite(graph: Graph, node: Node, mapping: Mapping, sources: list[Value | N
         graph.replace_all_uses(out, Value(unpack_node.name), exclude={unpack_node.name})
 
 
-def _sources_for(graph: Graph, node: Node, mapping: Mapping) -> list[Value | None] | None:
+def _sources_for(graph: Graph, node: Node, mapping: Mapping, budget: int = 0) -> list[Value | None] | None:
+    """What `node` reads under `mapping` (see `_source`). With a `budget` (the bytes of the
+    Unpack being pushed down), a runtime operand may be packed too, reusing a Pack of it
+    that is already there while the bytes it moves stay within the budget, or adding one
+    that moves fewer bytes than the budget (a broadcast attention mask packed once for every
+    layer instead of each layer's scores unpacked)."""
     inputs = graph.inputs_of(node.name)
     sources = [_source(graph, v, enc, mapping.ranked.get(i)) for i, (v, enc) in enumerate(zip(inputs, mapping.operands))]
-    return None if any(s is False for s in sources) else sources  # type: ignore[return-value]
+    if not any(s is False for s in sources):
+        return sources  # type: ignore[return-value]
+    if not budget:
+        return None
+    plan: dict[int, tuple[Value | None, int]] = {}
+    for i, s in enumerate(sources):
+        if s is not False:
+            continue
+        v, enc, t = inputs[i], mapping.operands[i], graph.type_of(inputs[i])
+        if i in mapping.ranked or t.encoding is not None or not t.is_static:
+            return None
+        existing = [u for u, _ in graph.users(v) if graph.node(u).op == PACK and graph.node(u).attrs["encoding"] == enc]
+        plan[i] = (Value(existing[0]) if existing else None, t.nbytes())
+    spent = sum(cost for _, cost in plan.values())
+    adds = any(found is None for found, _ in plan.values())
+    if spent > budget or (adds and spent == budget):
+        return None
+    for i, (found, _) in plan.items():
+        if found is None:
+            t, enc = graph.type_of(inputs[i]), mapping.operands[i]
+            if enc.pad is None and enc.is_padded(t.shape):
+                enc = enc.with_pad(0.0)
+            found = Value(graph.add_node(PACK, [inputs[i]], [TensorType(t.shape, t.dtype, enc)], {"encoding": enc},
+                                         name=f"pack_{node.name}_{i}", origin=node.origin).name)
+        sources[i] = found
+    return sources  # type: ignore[return-value]
 
 
 def _signature_of(graph: Graph, node: Node) -> tuple[Signature, list[TensorType | None]] | None:
@@ -257,9 +277,13 @@ def _unpacked(graph: Graph, value: Value | None) -> Value | None:
 
 
 def anchor_reads(graph: Graph, node: Node, target: Target) -> bool:
-    """An anchor whose kernel reads an operand's packed buffer directly takes it."""
+    """An anchor whose kernel reads an operand's packed buffer directly takes it, also when
+    the operand is a Pack of the Unpack of that buffer into the layout the anchor asked for."""
     changed = False
     for slot, value in enumerate(graph.inputs_of(node.name)):
+        producer = _producer(graph, value)
+        if producer is not None and producer.op == PACK:
+            value = graph.inputs_of(producer.name)[0]
         packed = _unpacked(graph, value)
         if packed is not None and target.reads(node, slot, graph.type_of(packed)):
             graph.set_input(node.name, slot, packed)
@@ -268,19 +292,89 @@ def anchor_reads(graph: Graph, node: Node, target: Target) -> bool:
 
 
 def reshape_down(graph: Graph, node: Node) -> bool:
-    """A Reshape of a permuted buffer is a view when its groups of dims stay together."""
-    packed = _unpacked(graph, graph.inputs_of(node.name)[0])
+    """A reshape of a packed buffer is a view when its groups of dims stay together and each
+    tiled dim passes through whole (`reshape_encoding`)."""
+    inputs = graph.inputs_of(node.name)
+    packed = _unpacked(graph, inputs[0])
     out = node.outputs[0]
-    if packed is None or not out.is_static or node.outputs[0].encoding is not None:
+    if packed is None or not out.is_static or out.encoding is not None:
         return False
     t = graph.type_of(packed)
-    perm = _permutation(t)
-    new = reshape_perm(t.shape, out.shape, perm) if perm is not None else None
-    if new is None:
+    if not t.is_static:
         return False
-    enc = canonical(PackedEncoding((), (), new), out.shape)
-    _rewrite(graph, node, Mapping([enc, None], [enc]), [packed, graph.inputs_of(node.name)[1]])
+    enc = reshape_encoding(t.shape, out.shape, t.encoding)
+    if enc is None:
+        return False
+    _rewrite(graph, node, Mapping([enc] + [None] * (len(inputs) - 1), [enc]), [packed, *inputs[1:]])
     return True
+
+
+def flatten_into_weights(graph: Graph, node: Node) -> bool:
+    """A flatten (N, ...) -> (N, K) of a packed buffer read only as a Gemm's or MatMul's k,
+    against constant weights, reads the buffer in its own element order instead: the
+    flatten's input becomes `x` reshaped into its (blocks, tile) dims and transposed into
+    buffer order (both views of the buffer), and the weight's k rows are permuted the same
+    way at compile time (AlexNet's channels-last activation flattened into its classifier)."""
+    inputs = graph.inputs_of(node.name)
+    packed, out = _unpacked(graph, inputs[0]), node.outputs[0]
+    gemm = _k_reader(graph, Value(node.name))
+    if packed is None or gemm is None or out.rank != 2:
+        return False
+    t, enc = graph.type_of(packed), graph.type_of(packed).encoding
+    weights = graph.inputs_of(gemm.name)[1]
+    w = graph.type_of(weights)
+    if gemm.attrs.get("transA", 0) or not t.is_static or t.rank < 2 or w.rank != 2 or _producer(graph, weights).op != CONSTANT:
+        return False
+    if enc.is_padded(t.shape) or 0 in enc.tiles() or enc.outer_perm(t.rank)[0] != 0 or out.shape[0] != t.shape[0]:
+        return False
+    tiles = enc.tiles()
+    at, refined = refine(t.shape, tiles)
+    order = tuple([at[d] for d in enc.outer_perm(t.rank)] + [at[d] + 1 for d in enc.inner_dims_pos])
+    x = inputs[0]
+    if tiles:
+        shape = graph.add_constant(np.array(refined, np.int64), name=f"{node.name}_blocks")
+        x = Value(graph.add_node("Reshape", [x, shape], [TensorType(tuple(refined), t.dtype)],
+                                 name=f"{node.name}_blocks", origin=node.origin).name)
+    ordered = graph.add_node("Transpose", [x], [TensorType(tuple(refined[k] for k in order), t.dtype)],
+                             {"perm": order}, name=f"{node.name}_in_buffer_order", origin=node.origin)
+    b = as_array(_producer(graph, weights).attrs["value"])
+    if w.encoding is not None:
+        b = unpack(b, w.encoding, w.shape)
+    transposed = gemm.op == "Gemm" and gemm.attrs.get("transB", 0)
+    by_column = b if transposed else b.T  # (M, K): each row packed like one sample of x
+    packed_rows = pack(by_column.reshape((by_column.shape[0], *t.shape[1:])), enc).reshape(by_column.shape)
+    rows = packed_rows if transposed else np.ascontiguousarray(packed_rows.T)
+    stored = rows if w.encoding is None else pack(rows, w.encoding)
+    graph.set_input(gemm.name, 1, graph.add_constant(stored, name=f"{weights.node}_rows", type=w))
+    graph.set_input(node.name, 0, Value(ordered.name))
+    return True
+
+
+def _k_reader(graph: Graph, value: Value) -> Node | None:
+    """The Gemm or MatMul that alone reads `value` as its operand 0 (through one Pack)."""
+    users = graph.users(value)
+    if len(users) != 1 or users[0][1] != 0:
+        return None
+    reader = graph.node(users[0][0])
+    if reader.op == PACK:
+        return _k_reader(graph, Value(reader.name))
+    return reader if reader.op in _K_READERS else None
+
+
+def reshape_up(graph: Graph, node: Node, enc: PackedEncoding) -> list[Value | None] | None:
+    """Sources for a reshape to write `enc` itself: its input as a view in the encoding
+    `reshape_encoding` gives backwards (a packed constant, or the buffer behind an Unpack)."""
+    inputs = graph.inputs_of(node.name)
+    t, out = graph.type_of(inputs[0]), node.outputs[0]
+    if not (t.is_static and out.is_static):
+        return None
+    if t.encoding is not None or out.encoding is not None:
+        return None
+    wanted = reshape_encoding(out.shape, t.shape, enc)
+    source = _source(graph, inputs[0], wanted) if wanted is not None else False
+    if source is False or reshape_encoding(t.shape, out.shape, wanted) != canonical(enc, out.shape):
+        return None
+    return [source, *inputs[1:]]
 
 
 def relabel_transpose(graph: Graph, node: Node, target: Target) -> bool:
@@ -307,8 +401,8 @@ def relabel_transpose(graph: Graph, node: Node, target: Target) -> bool:
 def push_down(graph: Graph, node: Node, target: Target) -> bool:
     if node.op in target.anchors:
         return anchor_reads(graph, node, target)
-    if node.op == "Reshape":
-        return reshape_down(graph, node)
+    if node.op in RESHAPES and (reshape_down(graph, node) or flatten_into_weights(graph, node)):
+        return True
     if node.op == "Transpose" and _unpacked(graph, graph.inputs_of(node.name)[0]) is None:
         return relabel_transpose(graph, node, target)
     found = _signature_of(graph, node)
@@ -319,13 +413,24 @@ def push_down(graph: Graph, node: Node, target: Target) -> bool:
         producer = _producer(graph, value)
         if producer is None or producer.op != UNPACK:
             continue
-        enc = graph.type_of(graph.inputs_of(producer.name)[0]).encoding
-        mapping = map_encoding(node, sig, in_types, (False, slot), enc)
-        sources = _sources_for(graph, node, mapping) if mapping is not None else None
-        if sources is not None:
+        packed = graph.type_of(graph.inputs_of(producer.name)[0])
+        mapping = map_encoding(node, sig, in_types, (False, slot), packed.encoding)
+        budget = packed.nbytes() or 0
+        sources = _sources_for(graph, node, mapping, budget) if mapping is not None else None
+        results = padding_checked(graph, node, sig, sources, mapping.results) if sources is not None else None
+        if results is not None:
+            mapping.results = results
             _rewrite(graph, node, mapping, sources)
             return True
+        _drop_new_packs(graph, node, sources)
     return False
+
+
+def _drop_new_packs(graph: Graph, node: Node, sources: list[Value | None] | None) -> None:
+    """Remove the Packs `_sources_for` added for a rewrite that was refused."""
+    for v in sources or ():
+        if v is not None and v.node.startswith(f"pack_{node.name}_") and not graph.users(v):
+            graph.remove_node(v.node)
 
 
 def push_up(graph: Graph, pack_node: Node, target: Target) -> bool:
@@ -344,17 +449,25 @@ def push_up(graph: Graph, pack_node: Node, target: Target) -> bool:
         producer.outputs[0] = wanted
         _drop(graph, packs, value)
         return True
+    sources = reshape_up(graph, producer, enc) if producer.op in RESHAPES else None
+    if sources is not None:
+        for slot, source in enumerate(sources):
+            graph.set_input(producer.name, slot, source)
+        producer.outputs[0] = TensorType(producer.outputs[0].shape, producer.outputs[0].dtype, enc)
+        _drop(graph, packs, value)
+        return True
     found = _signature_of(graph, producer)
     if found is None:
         return False
     sig, in_types = found
     mapping = map_encoding(producer, sig, in_types, (True, 0), enc)
     sources = _sources_for(graph, producer, mapping) if mapping is not None else None
-    if sources is None:
-        return False
+    results = padding_checked(graph, producer, sig, sources, mapping.results) if sources is not None else None
+    if results is None or (enc.pad is not None and results[0].pad != enc.pad):
+        return False  # the padding would not hold what the Pack's readers expect
     for slot, source in enumerate(sources):
         graph.set_input(producer.name, slot, source)
-    producer.outputs[0] = TensorType(producer.outputs[0].shape, producer.outputs[0].dtype, mapping.results[0])
+    producer.outputs[0] = TensorType(producer.outputs[0].shape, producer.outputs[0].dtype, results[0])
     _drop(graph, packs, value)
     return True
 

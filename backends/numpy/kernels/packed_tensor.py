@@ -1,10 +1,15 @@
-"""View ops on packed buffers: Transpose, Reshape, Flatten, Squeeze, Unsqueeze (and Shape, Size).
+"""View ops on packed buffers: Transpose, Reshape, Flatten, Squeeze, Unsqueeze (and Shape, Size);
+Concat and Split of packed buffers along whole blocks.
 
 When the result's buffer holds the same bytes as the input's (a Transpose whose result
 encoding is `in_encoding.permuted(perm)`, a Flatten of an NHWC (N, 1, 1, C) into an identity
 (N, C), a Reshape splitting or merging dims that the layouts keep whole), the kernel returns
 the input buffer reshaped: a view, no copy. Otherwise it declines, and the generic path
 moves the data. Shapes must be static, so that the decision is made once at build time.
+
+Concat and Split run on the buffers as they are when every piece is laid out like the whole
+and holds whole tiles along the axis: the pieces are then runs of whole blocks along the
+axis's outer buffer axis (DenseNet's and Inception's channel concats on the gpu target).
 """
 from __future__ import annotations
 
@@ -14,6 +19,9 @@ import numpy as np
 
 from ..registry import KernelSpec, Run, packed_kernel
 from .common import view_of_first
+from ....graph.types import TensorType
+from ....layout.encoding import PackedEncoding
+from .common import norm_axes
 from .packed_layout import as_encoding, physical_shape, same_buffer, same_reshaped_buffer
 
 
@@ -83,3 +91,48 @@ def _size(spec: KernelSpec) -> Run | None:
         return None
     size = int(np.prod(x.shape, dtype=np.int64))
     return lambda p: np.array(size, dtype=np.int64)
+
+
+def _block_axis(whole: TensorType, pieces: list[TensorType], axis: int) -> int | None:
+    """The buffer axis holding `axis`'s blocks when every piece is laid out like `whole`
+    (its padding holding what the whole's records) and holds whole tiles along `axis`."""
+    enc = whole.encoding
+    if not isinstance(enc, PackedEncoding) or not all(t.is_static for t in (whole, *pieces)):
+        return None
+    tile = enc.tiles().get(axis, 1)
+    for t in pieces:
+        if not enc.same_layout(t.encoding) or t.shape[axis] % tile:
+            return None
+        if enc.is_padded(whole.shape) and enc.pad is not None and t.encoding.pad != enc.pad:
+            return None
+    return enc.outer_perm(whole.rank).index(axis)
+
+
+@packed_kernel("Concat")
+def _concat(spec: KernelSpec) -> Run | None:
+    y = spec.out_types[0]
+    if any(t is None for t in spec.in_types):
+        return None
+    (axis,) = norm_axes([spec.attrs["axis"]], y.rank)
+    at = _block_axis(y, list(spec.in_types), axis)
+    if at is None:
+        return None
+    return lambda *parts: np.concatenate(parts, axis=at)
+
+
+@packed_kernel("Split")
+def _split(spec: KernelSpec) -> Run | None:
+    x = spec.in_types[0]
+    (axis,) = norm_axes([spec.attrs.get("axis", 0)], x.rank)
+    whole = x if x.encoding is not None else None
+    at = _block_axis(whole, list(spec.out_types), axis) if whole is not None else None
+    if at is None:
+        return None
+    tile = x.encoding.tiles().get(axis, 1)
+    bounds = np.cumsum([t.shape[axis] // tile for t in spec.out_types])[:-1].tolist()
+
+    def run(p: np.ndarray, _split: Any = None) -> Any:
+        parts = tuple(np.ascontiguousarray(part) for part in np.split(p, bounds, axis=at))
+        return parts if len(parts) > 1 else parts[0]
+
+    return run

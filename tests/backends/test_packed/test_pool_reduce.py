@@ -98,3 +98,54 @@ def test_reductions_over_tiles(packed_check, rng, keep):
 def test_reduction_over_every_axis(packed_check, rng):
     x = _x(rng, (2, 6, 5, 3))
     packed_check("ReduceSum", [x], [NHWC], [None], {"keepdims": 0}, expect_path="native", rtol=1e-5, atol=1e-5)
+
+
+NCHWC = PackedEncoding((1,), (4,))
+"""Blocked channels, as the gpu target tiles them (tile 4 here, so that 5 and 8 channels
+cover a padded and an exact case)."""
+
+
+@pytest.mark.parametrize("channels", [5, 8])
+@pytest.mark.parametrize("attrs", POOLS)
+def test_pools_on_blocked_channels(packed_check, rng, attrs, channels):
+    x = _x(rng, (2, channels, 11, 9))
+    packed_check("MaxPool", [x], [NCHWC], [NCHWC], attrs, expect_path="native")
+    for include_pad in (0, 1):
+        packed_check("AveragePool", [x], [NCHWC], [NCHWC], dict(attrs, count_include_pad=include_pad),
+                     expect_path="native", rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["GlobalAveragePool", "GlobalMaxPool"])
+def test_global_pools_on_blocked_channels_keep_the_padding(packed_check, rng, op):
+    x = _x(rng, (2, 5, 7, 6))
+    out = packed_check(op, [x], [NCHWC], [NCHWC], {}, expect_path="native", rtol=1e-5, atol=1e-6)
+    assert np.all(out["physical"][0][:, 1, ..., 1:] == 0)  # channels 5..7: zero padding in, zero out
+
+
+TILES = PackedEncoding((1, 2), (4, 8), pad=None)
+"""16x16-style 2-D tiles (4 x 8 here): rows padded (6 in tiles of 4), columns whole (32)."""
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("axis, path", [(-1, "native"), (1, "unpacked")])  # axis 1 holds padding
+def test_softmax_over_a_tiled_dim(packed_check, rng, op, axis, path):
+    x = _x(rng, (2, 6, 32)) * 4
+    packed_check(op, [x], [TILES], [TILES], {"axis": axis}, expect_path=path, rtol=1e-5, atol=1e-6)
+    outer = PackedEncoding((2,), (8,), (2, 0, 1), pad=None)  # tiles and outer dims permuted
+    packed_check(op, [x], [outer], [outer], {"axis": axis}, expect_path="native", rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_layer_norm_over_tiled_hidden_dims(packed_check, rng, with_bias):
+    x = _x(rng, (2, 6, 32)) * 3 + 1
+    scale, bias = rng.uniform(0.5, 1.5, 32).astype(np.float32), _x(rng, (32,))
+    params = PackedEncoding((0,), (8,))
+    args, encs = ([x, scale, bias], [TILES, params, params]) if with_bias else ([x, scale], [TILES, params])
+    packed_check("LayerNormalization", args, encs, [TILES], {"axis": -1}, consts={1, 2},
+                 expect_path="native", rtol=1e-5, atol=1e-5)
+    plain = [None] * (len(args) - 1)  # a whole-tile vector's buffer is the plain vector
+    packed_check("LayerNormalization", args, [TILES, *plain], [TILES], {"axis": -1}, consts={1, 2},
+                 expect_path="native", rtol=1e-5, atol=1e-5)
+    padded = PackedEncoding((1, 2), (4, 12), pad=None)  # 32 columns in tiles of 12: padding
+    packed_check("LayerNormalization", args, [padded, *plain], [padded], {"axis": -1}, consts={1, 2},
+                 expect_path="unpacked", rtol=1e-5, atol=1e-5)

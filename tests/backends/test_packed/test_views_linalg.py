@@ -138,3 +138,25 @@ def test_shape_and_size_of_a_packed_tensor(packed_check, rng):
     out = packed_check("Shape", [x], [blocked], [None], {"start": 1}, expect_path="native")
     assert out["physical"][0].tolist() == [5, 7, 3]
     assert packed_check("Size", [x], [blocked], [None], expect_path="native")["physical"][0] == x.size
+
+
+BLOCKED = PackedEncoding((1,), (4,))
+"""Channels tiled by 4 (the gpu target's NCHWc with a small tile)."""
+
+
+@pytest.mark.parametrize("sizes, native", [((8, 4, 12), True), ((4, 6, 2), False)])
+@pytest.mark.parametrize("enc", [BLOCKED, PackedEncoding((1,), (4,), (0, 2, 3, 1))])
+def test_concat_and_split_of_whole_blocks_run_on_the_buffers(packed_check, rng, sizes, native, enc):
+    # 6 and 2 channels end inside a tile: those pieces take the generic path
+    parts = [rng.standard_normal((2, c, 5, 3)).astype(np.float32) for c in sizes]
+    path = "native" if native else "unpacked"
+    packed_check("Concat", parts, [enc] * 3, [enc], {"axis": 1}, expect_path=path)
+    whole = np.concatenate(parts, axis=1)
+    split = np.array(sizes, np.int64)
+    out = packed_check("Split", [whole, split], [enc, None], [enc] * 3, {"axis": 1}, consts={1}, expect_path=path)
+    assert len(out["got"]) == 3
+
+
+def test_concat_along_an_untiled_dim_of_padded_pieces(packed_check, rng):
+    parts = [rng.standard_normal((2, 5, h, 3)).astype(np.float32) for h in (2, 3)]
+    packed_check("Concat", parts, [BLOCKED] * 2, [BLOCKED], {"axis": 2}, expect_path="native")

@@ -1,0 +1,410 @@
+"""Tiled encodings (the gpu target's NCHWc16 and 16x16 tiles) through sensitive ops, driven by
+the iteration signatures: pooling (channels tiled, windows untiled), channel Concat and Split of
+whole tiles, reductions over tiled dims where the padding is neutral, transposes and reshapes
+that keep the tiled dims whole. Every optimized graph computes what the plain graph computes,
+and every packed value's padding holds what its encoding says (run node by node)."""
+import numpy as np
+import onnx
+import pytest
+from hypothesis import given, settings, strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+import tilefold
+from tilefold.backends.numpy.packed import build_kernel
+from tilefold.backends.numpy.registry import KERNELS, KernelSpec
+from tilefold.graph import Graph, TensorType, Value
+from tilefold.graph.types import as_array
+from tilefold.layout import optimize
+from tilefold.layout.encoding import PackedEncoding, pack, unpack
+from tilefold.layout.propagate import propagate, reshape_encoding
+from tilefold.layout.targets import GpuTarget, get_target
+
+RNG = np.random.default_rng(11)
+F32 = np.dtype("float32")
+
+
+def runtime_layout_ops(graph: Graph) -> list[str]:
+    """Pack/Unpack of values computed at run time, but for the Unpacks of graph outputs."""
+    def to_output(n):
+        return n.op == "Unpack" and all(graph.node(u).op == "Output" for u, _ in graph.users(Value(n.name)))
+
+    return [f"{n.op} {n.name}" for n in graph.nodes()
+            if n.op in ("Pack", "Unpack") and graph.node(graph.inputs_of(n.name)[0].node).op != "Constant"
+            and not to_output(n)]
+
+
+def run_checking_padding(graph: Graph, feeds: dict) -> tuple[dict, list[str]]:
+    """Outputs of `graph` run node by node on the NumPy kernels, and the packed values whose
+    padding does not hold the value their encoding records."""
+    values, wrong = {}, []
+    for node in graph.nodes():
+        inputs = graph.inputs_of(node.name)
+        if node.op == "Input":
+            values[(node.name, 0)] = feeds[node.name]
+        elif node.op == "Constant":
+            values[(node.name, 0)] = as_array(node.attrs["value"])
+        elif node.op == "Output":
+            values[node.attrs["name"]] = values[tuple(inputs[0])]
+        else:
+            spec = KernelSpec(node, [graph.type_of(v) if v is not None else None for v in inputs],
+                              [graph.constant_value(v) for v in inputs])
+            result = build_kernel(KERNELS[node.op], spec)(*[values[tuple(v)] if v is not None else None for v in inputs])
+            for k, (r, t) in enumerate(zip(result if isinstance(result, tuple) else (result,), node.outputs)):
+                values[(node.name, k)] = r
+                enc = t.encoding
+                if enc is not None and enc.pad is not None and enc.is_padded(t.shape):
+                    if not np.array_equal(pack(unpack(np.asarray(r), enc, t.shape), enc), r, equal_nan=True):
+                        wrong.append(f"{node.op} {node.name} {enc}")
+    return {name: values[name] for name in graph.output_names()}, wrong
+
+
+def model(nodes, inputs, outputs, weights) -> onnx.ModelProto:
+    graph = helper.make_graph(
+        nodes, "m", [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in outputs],
+        [numpy_helper.from_array(a, n) for n, a in weights.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def conv_weights(f, c, k=3, integers=False):
+    if integers:
+        return RNG.integers(-2, 3, (f, c, k, k)).astype(np.float32)
+    return (RNG.standard_normal((f, c, k, k)) * 0.3).astype(np.float32)
+
+
+def check(model_proto, target="gpu", integers=False, shape=(2, 3, 8, 8), feeds=None):
+    """The optimized graph's outputs equal the plain graph's (exactly on small integers), and
+    its padding holds what its encodings record; returns the optimized graph."""
+    g = tilefold.load(model_proto)
+    after = optimize(g, target, verify=True).after
+    if feeds is None:
+        (name,) = g.inputs
+        feeds = {name: (RNG.integers(-3, 4, shape) if integers else RNG.standard_normal(shape)).astype(np.float32)}
+    want = tilefold.compile(g)(feeds)
+    got = tilefold.compile(after, debug=True)(feeds)
+    stepped, wrong = run_checking_padding(after, feeds)
+    assert wrong == []
+    for name in want:
+        if integers:
+            np.testing.assert_array_equal(got[name], want[name])
+        else:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-4 * np.abs(want[name]).max())
+        np.testing.assert_array_equal(stepped[name], got[name])
+    return after
+
+
+def branches(c1=16, c2=48, integers=False):
+    """conv -> maxpool -> two convs concatenated on channels -> avgpool -> split -> add -> conv."""
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["a"], ["r"]),
+        helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["p", "w1"], ["b1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["p", "w2"], ["b2"]),
+        helper.make_node("Concat", ["b1", "b2"], ["cat"], axis=1),
+        helper.make_node("AveragePool", ["cat"], ["q"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        helper.make_node("Split", ["q"], ["s1", "s2"], axis=1, num_outputs=2),
+        helper.make_node("Add", ["s1", "s2"], ["s"]),
+        helper.make_node("Conv", ["s", "w3"], ["y"]),
+    ]
+    half = (c1 + c2) // 2
+    weights = {"w0": conv_weights(16, 3, integers=integers), "w1": conv_weights(c1, 16, integers=integers),
+               "w2": conv_weights(c2, 16, 1, integers=integers), "w3": conv_weights(4, half, 1, integers=integers)}
+    return model(nodes, [("x", [2, 3, 8, 8])], ["y"], weights)
+
+
+def test_pooling_concat_and_split_of_whole_tiles_run_on_the_tiles():
+    after = check(branches())
+    assert runtime_layout_ops(after) == []
+    for op in ("MaxPool", "Concat", "AveragePool", "Split", "Add"):
+        node = next(n for n in after.nodes() if n.op == op)
+        assert node.outputs[0].encoding.inner_tiles == (16,)
+
+
+def test_tiled_layout_changes_alone_are_exact_on_small_integers():
+    # the average pool divides by 9 or fewer taps: compare up to that rounding, exactly after it
+    after = check(branches(integers=True), integers=False)
+    assert runtime_layout_ops(after) == []
+
+
+def test_a_concat_of_pieces_that_are_not_whole_tiles_keeps_its_layout_ops():
+    after = check(branches(c1=8, c2=24))  # split in two halves of 16  # 8 channels: the second piece starts inside a tile
+    concat = next(n for n in after.nodes() if n.op == "Concat")
+    assert concat.outputs[0].encoding is None
+    assert runtime_layout_ops(after)
+
+
+def reduction(op, channels, **attrs):
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node(op, ["a"], ["y"], **attrs)]
+    return model(nodes, [("x", [2, 3, 8, 8])], ["y"], {"w0": conv_weights(channels, 3)})
+
+
+@pytest.mark.parametrize("op, channels, through", [
+    ("ReduceSum", 20, True),   # zero padding adds nothing
+    ("ReduceMean", 20, True),  # ... and the mean divides by the true count
+    ("ReduceMax", 20, False),  # zero padding could be the maximum
+    ("ReduceMax", 32, True),   # no padding
+])
+def test_a_reduction_over_a_tiled_dim_goes_through_only_when_padding_is_neutral(op, channels, through):
+    after = check(reduction(op, channels, keepdims=0))  # axes omitted: over every dim
+    node = next(n for n in after.nodes() if n.op == op)
+    x = after.type_of(after.inputs_of(node.name)[0])
+    assert (x.encoding is not None) == through
+
+
+@pytest.mark.parametrize("channels, through", [(20, False), (32, True)])
+def test_softmax_over_a_tiled_dim_needs_whole_tiles(channels, through):
+    after = check(reduction("Softmax", channels, axis=1))
+    node = next(n for n in after.nodes() if n.op == "Softmax")
+    assert (after.type_of(after.inputs_of(node.name)[0]).encoding is not None) == through
+
+
+@pytest.mark.parametrize("op", ["Sigmoid", "Relu"])
+def test_padding_read_by_a_conv_holds_zeros(op):
+    # 20 channels in tiles of 16: the second conv reads the padding channels as its k, so an
+    # op whose f(0) != 0 must not write into that buffer's padding (sigmoid(0) = 0.5)
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node(op, ["a"], ["s"]),
+             helper.make_node("Conv", ["s", "w1"], ["y"])]
+    after = check(model(nodes, [("x", [2, 3, 8, 8])], ["y"], {"w0": conv_weights(20, 3), "w1": conv_weights(8, 20, 1)}))
+    node = next(n for n in after.nodes() if n.op == op)
+    if op == "Relu":
+        assert node.outputs[0].encoding.pad == 0.0 and runtime_layout_ops(after) == []
+    else:
+        assert node.outputs[0].encoding is None or node.outputs[0].encoding.pad is None
+
+
+def attention(seq=32, hidden=64, heads=4):
+    """BERT's self-attention shape play: (1, seq, hidden) -> heads -> softmax(QK^T) V -> merge."""
+    d = hidden // heads
+    nodes = [
+        helper.make_node("MatMul", ["x0", "wi"], ["x"]),
+        helper.make_node("MatMul", ["x", "wq"], ["q"]),
+        helper.make_node("MatMul", ["x", "wk"], ["k"]),
+        helper.make_node("MatMul", ["x", "wv"], ["v"]),
+        helper.make_node("Reshape", ["q", "split"], ["q4"]),
+        helper.make_node("Reshape", ["k", "split"], ["k4"]),
+        helper.make_node("Reshape", ["v", "split"], ["v4"]),
+        helper.make_node("Transpose", ["q4"], ["qh"], perm=[0, 2, 1, 3]),
+        helper.make_node("Transpose", ["k4"], ["kh"], perm=[0, 2, 3, 1]),
+        helper.make_node("Transpose", ["v4"], ["vh"], perm=[0, 2, 1, 3]),
+        helper.make_node("MatMul", ["qh", "kh"], ["s"]),
+        helper.make_node("Softmax", ["s"], ["p"], axis=-1),
+        helper.make_node("MatMul", ["p", "vh"], ["o"]),
+        helper.make_node("Transpose", ["o"], ["om"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["om", "merge"], ["m"]),
+        helper.make_node("MatMul", ["m", "wo"], ["h"]),
+        helper.make_node("Add", ["h", "x"], ["r"]),
+        helper.make_node("LayerNormalization", ["r", "gamma", "beta"], ["y"], axis=-1),
+    ]
+    w = {n: (RNG.standard_normal((hidden, hidden)) / 8).astype(np.float32) for n in ("wi", "wq", "wk", "wv", "wo")}
+    w.update(gamma=RNG.uniform(0.5, 1.5, hidden).astype(np.float32), beta=RNG.standard_normal(hidden).astype(np.float32))
+    m = model(nodes, [("x0", [1, seq, hidden])], ["y"], w)
+    m.graph.initializer.extend([numpy_helper.from_array(np.array([1, seq, heads, d], np.int64), "split"),
+                                numpy_helper.from_array(np.array([1, seq, hidden], np.int64), "merge")])
+    return m
+
+
+def test_attention_heads_split_and_merge_on_tiles():
+    after = check(attention(), shape=(1, 32, 64))
+    for op in ("Reshape", "Softmax", "LayerNormalization", "Add"):
+        assert all(n.outputs[0].encoding is not None and n.outputs[0].encoding.inner_tiles
+                   for n in after.nodes() if n.op == op), op
+    before = optimize(tilefold.load(attention()), "gpu").before
+    assert len(runtime_layout_ops(after)) < len(runtime_layout_ops(before)) // 2
+
+
+@st.composite
+def reshape_case(draw):
+    rank = draw(st.integers(1, 4))
+    src = tuple(draw(st.lists(st.sampled_from([1, 2, 3, 4, 6, 8]), min_size=rank, max_size=rank)))
+    perm = tuple(draw(st.permutations(range(rank))))
+    tiled = [d for d in range(rank) if src[d] % 2 == 0 and draw(st.booleans())]
+    tiled = list(draw(st.permutations(tiled))) if tiled else []
+    tiles = [draw(st.sampled_from([t for t in (2, 4) if src[d] % t == 0])) for d in tiled]
+    dims = list(src)
+    for _ in range(draw(st.integers(0, 2))):
+        k = draw(st.integers(0, len(dims) - 1))
+        if draw(st.booleans()) and k + 1 < len(dims):
+            dims[k:k + 2] = [dims[k] * dims[k + 1]]
+        elif dims[k] % 2 == 0:
+            dims[k:k + 1] = [2, dims[k] // 2]
+    return src, tuple(dims), PackedEncoding(tuple(tiled), tuple(tiles), perm)
+
+
+@given(reshape_case())
+@settings(max_examples=400, deadline=None)
+def test_a_reshape_of_a_tiled_buffer_is_a_view_when_reshape_encoding_says_so(case):
+    src, dst, enc = case
+    x = np.arange(int(np.prod(src)), dtype=np.float32).reshape(src)
+    new = reshape_encoding(src, dst, enc)
+    if new is not None:
+        np.testing.assert_array_equal(pack(x.reshape(dst), new).ravel(), pack(x, enc).ravel())
+
+
+def test_bert_head_split_keeps_the_hidden_tiles_on_the_head_dim():
+    enc = PackedEncoding((1, 2), (16, 16))
+    assert reshape_encoding((1, 128, 768), (1, 128, 12, 64), enc) == PackedEncoding((1, 3), (16, 16))
+    assert reshape_encoding((1, 128, 12, 64), (1, 128, 768), PackedEncoding((1, 3), (16, 16))) == enc
+    assert reshape_encoding((1, 100, 768), (1, 100, 12, 64), enc) is None  # 100 rows: padding
+
+
+def test_an_unpack_with_zero_padding_feeds_an_add_with_unknown_padding():
+    # the Add's operands differ in what their padding holds: the result's padding is unknown
+    g = Graph()
+    zero, unknown = PackedEncoding((1,), (4,)), PackedEncoding((1,), (4,), pad=None)
+    x = g.add_input("x", TensorType((3, 6), F32))
+    p1 = g.add_node("Pack", [x], [TensorType((3, 6), F32, zero)], {"encoding": zero})
+    s = g.add_node("Sigmoid", [Value(p1.name)], [TensorType((3, 6), F32, unknown)])
+    r = g.add_node("Relu", [Value(p1.name)], [TensorType((3, 6), F32, zero)])
+    u1 = g.add_node("Unpack", [Value(r.name)], [TensorType((3, 6), F32)])
+    u2 = g.add_node("Unpack", [Value(s.name)], [TensorType((3, 6), F32)])
+    a = g.add_node("Add", [Value(u1.name), Value(u2.name)], [TensorType((3, 6), F32)])
+    g.add_output(Value(a.name), "y")
+    out = propagate(g, get_target("gpu"), verify=True)
+    (add,) = [n for n in out.nodes() if n.op == "Add"]
+    assert add.outputs[0].encoding == unknown
+    feeds = {"x": RNG.standard_normal((3, 6)).astype(np.float32)}
+    got, wrong = run_checking_padding(out, feeds)
+    assert wrong == []
+    np.testing.assert_allclose(got["y"], np.maximum(feeds["x"], 0) + 1 / (1 + np.exp(-feeds["x"])), rtol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, most", [("densenet121", 1), ("inception_v1", 2), ("inception_v2", 0),
+                                        ("resnet50", 0), ("squeezenet", 1), ("vgg19", 1)])
+def test_light_convnets_on_the_gpu_target_compute_the_same(name, most):
+    from tilefold.bench.models import light_model
+
+    g = tilefold.load(light_model(name, random_weights=True, seed=3))
+    after = optimize(g, "gpu", verify=True).after
+    assert len(runtime_layout_ops(after)) <= most
+    feeds = {n: np.random.default_rng(4).standard_normal(t.shape).astype(t.dtype) for n, t in g.input_types().items()}
+    want = tilefold.compile(g)(feeds)
+    got, wrong = run_checking_padding(after, feeds)
+    assert wrong == []
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-4 * np.abs(want[k]).max())
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+@pytest.mark.parametrize("head", ["Gemm", "GemmT", "MatMul"])
+def test_a_flattened_packed_activation_is_read_in_buffer_order_by_permuted_weight_rows(target, head):
+    # conv (16 channels, 3x3) -> relu -> flatten -> classifier: the classifier's weight rows
+    # are permuted at compile time instead of unpacking the activation at run time
+    k = 16 * 3 * 3
+    w = RNG.integers(-2, 3, (k, 5)).astype(np.float32)
+    classifier = {"Gemm": helper.make_node("Gemm", ["f", "wc"], ["y"]),
+                  "GemmT": helper.make_node("Gemm", ["f", "wc"], ["y"], transB=1),
+                  "MatMul": helper.make_node("MatMul", ["f", "wc"], ["y"])}[head]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["a"], ["r"]),
+             helper.make_node("Flatten", ["r"], ["f"]),
+             classifier]
+    weights = {"w0": conv_weights(16, 3, integers=True), "wc": w.T.copy() if head == "GemmT" else w}
+    after = check(model(nodes, [("x", [2, 3, 3, 3])], ["y"], weights), target, integers=True, shape=(2, 3, 3, 3))
+    assert runtime_layout_ops(after) == []
+
+
+def encoder(layers=2, seq=32, hidden=64, heads=4):
+    """BERT-like layers: LayerNorm'd input, attention with a runtime additive mask broadcast
+    over heads, residual adds and LayerNorms; every LayerNorm feeds a MatMul and a residual."""
+    d = hidden // heads
+    nodes = [helper.make_node("LayerNormalization", ["x0", "gamma", "beta"], ["h0"], axis=-1)]
+    w = {"gamma": RNG.uniform(0.5, 1.5, hidden).astype(np.float32), "beta": RNG.standard_normal(hidden).astype(np.float32)}
+    for i in range(layers):
+        h, n = f"h{i}", f"l{i}_"
+        for name in ("q", "k", "v", "o"):
+            w[n + "w" + name] = (RNG.standard_normal((hidden, hidden)) / 8).astype(np.float32)
+        nodes += [
+            *[helper.make_node("MatMul", [h, n + "w" + name], [n + name]) for name in ("q", "k", "v")],
+            *[helper.make_node("Reshape", [n + name, "split"], [n + name + "4"]) for name in ("q", "k", "v")],
+            helper.make_node("Transpose", [n + "q4"], [n + "qh"], perm=[0, 2, 1, 3]),
+            helper.make_node("Transpose", [n + "k4"], [n + "kh"], perm=[0, 2, 3, 1]),
+            helper.make_node("Transpose", [n + "v4"], [n + "vh"], perm=[0, 2, 1, 3]),
+            helper.make_node("MatMul", [n + "qh", n + "kh"], [n + "s"]),
+            helper.make_node("Add", [n + "s", "mask"], [n + "sm"]),
+            helper.make_node("Softmax", [n + "sm"], [n + "p"], axis=-1),
+            helper.make_node("MatMul", [n + "p", n + "vh"], [n + "a"]),
+            helper.make_node("Transpose", [n + "a"], [n + "am"], perm=[0, 2, 1, 3]),
+            helper.make_node("Reshape", [n + "am", "merge"], [n + "m"]),
+            helper.make_node("MatMul", [n + "m", n + "wo"], [n + "out"]),
+            helper.make_node("Add", [n + "out", h], [n + "r"]),
+            helper.make_node("LayerNormalization", [n + "r", "gamma", "beta"], [f"h{i + 1}"], axis=-1),
+        ]
+    nodes.append(helper.make_node("Identity", [f"h{layers}"], ["y"]))
+    m = model(nodes, [("x0", [1, seq, hidden]), ("mask", [1, 1, seq, seq])], ["y"], w)
+    m.graph.initializer.extend([numpy_helper.from_array(np.array([1, seq, heads, d], np.int64), "split"),
+                                numpy_helper.from_array(np.array([1, seq, hidden], np.int64), "merge")])
+    return m
+
+
+def test_a_small_broadcast_mask_is_packed_once_and_residuals_share_the_layernorm_pack():
+    seq = 32
+    mask = np.where(RNG.random((1, 1, seq, seq)) < 0.2, -1e4, 0).astype(np.float32)
+    feeds = {"x0": RNG.standard_normal((1, seq, 64)).astype(np.float32), "mask": mask}
+    after = check(encoder(seq=seq), feeds=feeds)
+    left = runtime_layout_ops(after)
+    packs_of = [after.node(after.inputs_of(n.split()[1])[0].node).op for n in left if n.startswith("Pack")]
+    assert packs_of.count("Input") == 1  # the mask, once for both layers
+    for op in ("Softmax", "LayerNormalization"):  # every layer's scores and residuals stay tiled
+        nodes = [n for n in after.nodes() if n.op == op]
+        assert nodes[-1].outputs[0].encoding is not None, op
+    adds = [n for n in after.nodes() if n.op == "Add"]
+    assert all(n.outputs[0].encoding is not None for n in adds)
+
+
+@pytest.mark.parametrize("op, pad, through", [("ReduceMax", -np.inf, True), ("ReduceSum", -np.inf, False),
+                                              ("ReduceSum", 0.0, True), ("ReduceMax", None, False)])
+def test_a_reduction_reads_padding_only_when_it_holds_the_reductions_identity(op, pad, through):
+    g = Graph()
+    enc = PackedEncoding((1,), (4,), pad=pad)
+    x = g.add_input("x", TensorType((3, 6), F32))
+    p = g.add_node("Pack", [x], [TensorType((3, 6), F32, enc)], {"encoding": enc})
+    kept = g.add_node("Identity", [Value(p.name)], [TensorType((3, 6), F32, enc)])  # so that no Unpack(Pack) cancels
+    u = g.add_node("Unpack", [Value(kept.name)], [TensorType((3, 6), F32)])
+    axes = g.add_constant(np.array([1], np.int64))
+    r = g.add_node(op, [Value(u.name), axes], [TensorType((3,), F32)], {"keepdims": 0})
+    g.add_output(Value(r.name), "y")
+    out = propagate(g, get_target("gpu"), verify=True)
+    (node,) = [n for n in out.nodes() if n.op == op]
+    assert (out.type_of(out.inputs_of(node.name)[0]).encoding is not None) == through
+    feeds = {"x": RNG.standard_normal((3, 6)).astype(np.float32)}
+    got, wrong = run_checking_padding(out, feeds)
+    want = feeds["x"].max(axis=1) if op == "ReduceMax" else feeds["x"].sum(axis=1)
+    np.testing.assert_allclose(got["y"], want, rtol=1e-6)
+    assert wrong == []
+
+
+class StridedBlocks(GpuTarget):
+    """A gpu target whose matmul kernels address 16x16 blocks by strides: they read and write
+    blocks in any outer order, and tiles in either order (a transposed K)."""
+
+    name = "gpu-strided-test"
+
+    def _blocks(self, t: TensorType) -> bool:
+        enc, r = t.encoding, t.rank
+        return (isinstance(enc, PackedEncoding) and r >= 2 and set(enc.inner_dims_pos) == {r - 2, r - 1}
+                and enc.inner_tiles == (self.block,) * 2 and not enc.is_padded(t.shape))
+
+    def reads(self, node, slot, t):
+        return node.op == "MatMul" and slot < 2 and self._blocks(t)
+
+    def writes(self, node, t):
+        return node.op == "MatMul" and self._blocks(t)
+
+
+def test_an_anchor_reads_the_buffer_behind_a_pack_of_an_unpack_when_its_target_says_so():
+    g = tilefold.load(encoder(layers=1))
+    feeds = {"x0": RNG.standard_normal((1, 32, 64)).astype(np.float32),
+             "mask": np.where(RNG.random((1, 1, 32, 32)) < 0.2, -1e4, 0).astype(np.float32)}
+    plain = optimize(g, "gpu", verify=True).after
+    strided = optimize(g, StridedBlocks(), verify=True).after
+    assert len(runtime_layout_ops(strided)) < len(runtime_layout_ops(plain))
+    scores = [n for n in strided.nodes() if n.op == "MatMul"][3]  # q . k^T
+    assert all(strided.node(v.node).op not in ("Pack", "Unpack") for v in strided.inputs_of(scores.name))
+    want = tilefold.compile(g)(feeds)["y"]
+    got, wrong = run_checking_padding(strided, feeds)
+    assert wrong == []
+    np.testing.assert_allclose(got["y"], want, rtol=1e-4, atol=1e-4)
