@@ -134,8 +134,9 @@ def canonical(enc: PackedEncoding | None, shape: Sequence[Dim]) -> PackedEncodin
     return None if enc is None or enc.is_trivial(shape) else enc
 
 
-def _split_axes(enc: PackedEncoding, rank: int) -> tuple[list[int], dict[int, int], dict[int, int]]:
-    """Axis positions after splitting each tiled dim d into (outer_d, tile_d)."""
+def split_order(enc: PackedEncoding, rank: int) -> list[int]:
+    """The transpose from the padded tensor with each tiled dim split into (outer, tile) to
+    the buffer: permuted outer dims first, then the tiles in `inner_dims_pos` order."""
     tiles = enc.tiles()
     outer_axis: dict[int, int] = {}
     inner_axis: dict[int, int] = {}
@@ -146,8 +147,7 @@ def _split_axes(enc: PackedEncoding, rank: int) -> tuple[list[int], dict[int, in
         if d in tiles:
             inner_axis[d] = position
             position += 1
-    order = [outer_axis[d] for d in enc.outer_perm(rank)] + [inner_axis[d] for d in enc.inner_dims_pos]
-    return order, outer_axis, inner_axis
+    return [outer_axis[d] for d in enc.outer_perm(rank)] + [inner_axis[d] for d in enc.inner_dims_pos]
 
 
 def pack(x: np.ndarray, enc: PackedEncoding) -> np.ndarray:
@@ -162,7 +162,7 @@ def pack(x: np.ndarray, enc: PackedEncoding) -> np.ndarray:
     split: list[int] = []
     for d, size in enumerate(padded):
         split.extend([size // tiles[d], tiles[d]] if d in tiles else [size])
-    order, _, _ = _split_axes(enc, x.ndim)
+    order = split_order(enc, x.ndim)
     return np.ascontiguousarray(x.reshape(split).transpose(order))
 
 
@@ -172,7 +172,7 @@ def unpack(p: np.ndarray, enc: PackedEncoding, shape: Sequence[int]) -> np.ndarr
     expected = enc.physical_shape(shape)
     if tuple(p.shape) != expected:
         raise VerifyError(f"unpack: buffer shape {tuple(p.shape)} does not hold {shape} in {enc} (expected {expected})")
-    order, _, _ = _split_axes(enc, len(shape))
+    order = split_order(enc, len(shape))
     split = p.transpose(np.argsort(order))
     padded = enc.padded_shape(shape)
     logical = split.reshape(padded)

@@ -7,30 +7,15 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import numpy as np
+
 from ...graph.errors import TilefoldError
 from ...graph.types import Dim
-from ...layout.encoding import PackedEncoding
+from ...layout.encoding import PackedEncoding, split_order
 
 Emit = Callable[..., str]
 """`emit(op, inputs, name_hint, **attrs) -> output tensor name`: adds one node."""
 Const = Callable[[np.ndarray, str], str]
 """`const(array, name_hint) -> tensor name`: adds one small initializer."""
-
-
-def buffer_order(enc: PackedEncoding, rank: int) -> list[int]:
-    """The transpose taking the padded tensor, each tiled dim split into (outer, tile), to the
-    buffer: permuted outer dims first, then the tiles in `inner_dims_pos` order."""
-    tiles = enc.tiles()
-    outer_axis: dict[int, int] = {}
-    inner_axis: dict[int, int] = {}
-    position = 0
-    for d in range(rank):
-        outer_axis[d] = position
-        position += 1
-        if d in tiles:
-            inner_axis[d] = position
-            position += 1
-    return [outer_axis[d] for d in enc.outer_perm(rank)] + [inner_axis[d] for d in enc.inner_dims_pos]
 
 
 def split_shape(enc: PackedEncoding, shape: Sequence[int]) -> list[int]:
@@ -53,7 +38,7 @@ def lower_unpack(x: str, enc: PackedEncoding, shape: Sequence[Dim], emit: Emit, 
     """The logical tensor of `shape` held by the packed buffer named `x`."""
     shape = _static(enc, shape, hint)
     rank = len(shape)
-    order = buffer_order(enc, rank)
+    order = split_order(enc, rank)
     inverse = [int(i) for i in np.argsort(order)]
     if inverse != list(range(len(order))):
         x = emit("Transpose", [x], f"{hint}/transpose", perm=inverse)
@@ -79,7 +64,7 @@ def lower_pack(x: str, enc: PackedEncoding, shape: Sequence[Dim], dtype: np.dtyp
         pads = const(np.array([0] * rank + [p - d for p, d in zip(padded, shape)], np.int64), f"{hint}/pads")
         fill = const(np.array(0 if enc.pad is None else enc.pad, dtype=dtype), f"{hint}/fill")
         x = emit("Pad", [x, pads, fill], f"{hint}/pad")
-    order = buffer_order(enc, rank)
+    order = split_order(enc, rank)
     if len(order) != rank:
         x = emit("Reshape", [x, const(np.array(split_shape(enc, shape), np.int64), f"{hint}/shape")],
                  f"{hint}/reshape")

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ....layout.encoding import PackedEncoding
+from ....layout.encoding import PackedEncoding, split_order
 from ..registry import KernelSpec, Run, kernel, packed_kernel
 
 IDENTITY = PackedEncoding((), ())
@@ -33,18 +33,6 @@ reported as different (a kernel then copies instead of returning a view)."""
 def as_encoding(enc: Any) -> PackedEncoding:
     """None (identity) as the identity PackedEncoding."""
     return IDENTITY if enc is None else enc
-
-
-def split_order(enc: PackedEncoding, rank: int) -> list[int]:
-    """Buffer axis -> split-view axis, where split axes are (outer d[, tile d]) for d in order."""
-    tiles = enc.tiles()
-    outer_axis, inner_axis, position = {}, {}, 0
-    for d in range(rank):
-        outer_axis[d] = position
-        position += 2 if d in tiles else 1
-        if d in tiles:
-            inner_axis[d] = outer_axis[d] + 1
-    return [outer_axis[d] for d in enc.outer_perm(rank)] + [inner_axis[d] for d in enc.inner_dims_pos]
 
 
 def split_view(p: np.ndarray, enc: PackedEncoding, rank: int) -> np.ndarray:
