@@ -108,7 +108,9 @@ class GpuTarget(Target):
     """Tiles matching the Triton kernels' blocks: NCHWc16 convolution with weights tiled on
     F and C, and mmt4d-style 2-D tiles for matmul operands (BLOCK 16 here; the Triton backend
     reads these tiles as its block sizes). A kernel loads a row-major operand 0 with strides
-    as cheaply as a tiled one, so a Pack left in front of an anchor is absorbed."""
+    as cheaply as a tiled one, so a Pack left in front of an anchor is absorbed. The Triton
+    matmul addresses 16x16 blocks by strides, so it reads and writes unpadded blocks in any
+    outer order and tiles in either order (attention heads, a transposed K) with no copy."""
 
     name = "gpu"
     block = 16
@@ -128,6 +130,17 @@ class GpuTarget(Target):
             return AnchorLayout((tiles_a, tiles_b), PackedEncoding((out.rank - 2, out.rank - 1), (t, t)),
                                 reads_identity=True)
         return None
+
+    def _blocks(self, t: TensorType) -> bool:
+        enc, r = t.encoding, t.rank
+        return (isinstance(enc, PackedEncoding) and r >= 2 and set(enc.inner_dims_pos) == {r - 2, r - 1}
+                and enc.inner_tiles == (self.block,) * 2 and not enc.is_padded(t.shape))
+
+    def reads(self, node: Node, slot: int, t: TensorType) -> bool:
+        return node.op == "MatMul" and slot < 2 and self._blocks(t)
+
+    def writes(self, node: Node, t: TensorType) -> bool:
+        return node.op == "MatMul" and self._blocks(t)
 
 
 class DeviceTargets(Target):
