@@ -1,0 +1,211 @@
+"""Core ATen -> tilefold ops, continued (see fx_ops.py): linear algebra, convolution,
+normalizations, softmax, pooling and reductions. Importing this module adds its rules to
+`fx_ops.RULES`."""
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.fx
+
+from ..graph.types import Splat, Value
+from .fx_emit import Emitter, arg, out_val, torch_to_numpy_dtype
+from .fx_ops import _dims, _rank, aten, rule
+
+# ---- linear algebra and nn -----------------------------------------------------------------
+@rule(aten.mm.default, aten.matmul.default)
+def _matmul(emit: Emitter, node: torch.fx.Node) -> Value:
+    return emit.op("MatMul", [emit.value(node.args[0]), emit.value(node.args[1])], node=node)
+
+
+_VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+
+
+def _batched_source(x: torch.fx.Node) -> torch.fx.Node | None:
+    """For a bmm operand `view(t, [B, m, k])` where t is [b1, .., bj, m, k] with B = b1*..*bj:
+    t (decomposition flattens the batch dims of a batched matmul; MatMul takes them as they are)."""
+    if x.target not in _VIEWS:
+        return None
+    source = x.args[0]
+    flat, full = tuple(x.meta["val"].shape), tuple(source.meta["val"].shape)
+    if len(full) < 3 or full[-2:] != flat[-2:] or int(np.prod(full[:-2])) != flat[0]:
+        return None
+    return source
+
+
+@rule(aten.bmm.default)
+def _bmm(emit: Emitter, node: torch.fx.Node) -> Value:
+    a, b = (_batched_source(x) for x in node.args[:2])
+    if a is None or b is None or tuple(a.meta["val"].shape[:-2]) != tuple(b.meta["val"].shape[:-2]):
+        return emit.op("MatMul", [emit.value(node.args[0]), emit.value(node.args[1])], node=node)
+    product = emit.op("MatMul", [emit.value(a), emit.value(b)])
+    return emit.op("Reshape", [product, emit.ints(out_val(node).shape)], node=node)
+
+
+@rule(aten.addmm.default)
+def _addmm(emit: Emitter, node: torch.fx.Node) -> Value:
+    beta, alpha = float(node.kwargs.get("beta", 1)), float(node.kwargs.get("alpha", 1))
+    inputs = [emit.value(node.args[1]), emit.value(node.args[2]), emit.value(node.args[0])]
+    return emit.op("Gemm", inputs, {"alpha": alpha, "beta": beta}, node=node)
+
+
+def _conv_check(node: torch.fx.Node) -> str | None:
+    if node.args[6]:
+        return "transposed convolution"
+    return None if node.args[0].meta["val"].dim() in (3, 4, 5) else "unbatched input"
+
+
+@rule(aten.convolution.default, check=_conv_check)
+def _convolution(emit: Emitter, node: torch.fx.Node) -> Value:
+    x, w, b, stride, padding, dilation, _, _, groups = node.args
+    spatial = w.meta["val"].dim() - 2
+    attrs = {"kernel_shape": tuple(int(d) for d in w.meta["val"].shape[2:]),
+             "strides": tuple(_spread(stride, spatial)), "pads": tuple(_spread(padding, spatial) * 2),
+             "dilations": tuple(_spread(dilation, spatial)), "group": int(groups)}
+    inputs = [emit.value(x), emit.value(w)] + ([emit.value(b)] if b is not None else [])
+    return emit.op("Conv", inputs, attrs, node=node)
+
+
+def _spread(values: Any, n: int) -> list[int]:
+    values = [values] if isinstance(values, int) else list(values)
+    return [int(v) for v in (values * n if len(values) == 1 else values)]
+
+
+@rule(aten.native_layer_norm.default)
+def _layer_norm(emit: Emitter, node: torch.fx.Node) -> tuple[Value, ...]:
+    x, shape, weight, bias, eps = node.args
+    val = out_val(node)[0]
+    norm_shape = tuple(int(d) for d in shape)
+    dtype = torch_to_numpy_dtype(val.dtype)
+    scale = emit.value(weight) if weight is not None else emit.constant(Splat(1, norm_shape, dtype))
+    shift = emit.value(bias) if bias is not None else emit.constant(Splat(0, norm_shape, dtype))
+    attrs = {"axis": -len(norm_shape), "epsilon": float(eps)}
+    used = 1 + max((u.args[1] for u in node.users if u.target is operator.getitem), default=0)
+    results = emit.op("LayerNormalization", [emit.value(x), scale, shift], attrs, node=node, n_out=used,
+                      result=0 if used == 1 else None)
+    return (results,) if used == 1 else results
+
+
+def _only_first_result(node: torch.fx.Node) -> str | None:
+    used = {u.args[1] for u in node.users if u.target is operator.getitem}
+    return None if used <= {0} and all(u.target is operator.getitem for u in node.users) else \
+        "its second or third result"
+
+
+@rule(aten._native_batch_norm_legit_no_training.default, check=_only_first_result)
+def _batch_norm(emit: Emitter, node: torch.fx.Node) -> tuple[Value | None, ...]:
+    x, weight, bias, mean, var, _, eps = node.args
+    channels = (int(x.meta["val"].shape[1]),)
+    dtype = torch_to_numpy_dtype(out_val(node)[0].dtype)
+    scale = emit.value(weight) if weight is not None else emit.constant(Splat(1, channels, dtype))
+    shift = emit.value(bias) if bias is not None else emit.constant(Splat(0, channels, dtype))
+    inputs = [emit.value(x), scale, shift, emit.value(mean), emit.value(var)]
+    return (emit.op("BatchNormalization", inputs, {"epsilon": float(eps)}, node=node, result=0), None, None)
+
+
+@rule(aten._softmax.default, aten._log_softmax.default,
+      check=lambda n: None if not n.args[2] else "half_to_float")
+def _softmax(emit: Emitter, node: torch.fx.Node) -> Value:
+    op = "Softmax" if node.target == aten._softmax.default else "LogSoftmax"
+    return emit.op(op, [emit.value(node.args[0])], {"axis": node.args[1] % max(_rank(node), 1)}, node=node)
+
+
+def _pool_check(node: torch.fx.Node) -> str | None:
+    if node.target == aten.max_pool2d_with_indices.default:
+        return _only_first_result(node)
+    if arg(node, 6, "divisor_override", None) is not None:
+        return "divisor_override"
+    return "ceil_mode" if arg(node, 4, "ceil_mode", False) else None
+
+
+@rule(aten.max_pool2d_with_indices.default, aten.avg_pool2d.default, check=_pool_check)
+def _pool(emit: Emitter, node: torch.fx.Node) -> Value | tuple[Value | None, ...]:
+    kernel = _spread(node.args[1], 2)
+    stride = _spread(arg(node, 2, "stride", []) or kernel, 2)
+    padding = _spread(arg(node, 3, "padding", 0), 2)
+    attrs: dict[str, Any] = {"kernel_shape": tuple(kernel), "strides": tuple(stride), "pads": tuple(padding * 2)}
+    x = emit.value(node.args[0])
+    if node.target == aten.max_pool2d_with_indices.default:
+        attrs.update(dilations=tuple(_spread(arg(node, 4, "dilation", 1), 2)),
+                     ceil_mode=int(arg(node, 5, "ceil_mode", False)))
+        return (emit.op("MaxPool", [x], attrs, node=node, result=0), None)
+    attrs.update(count_include_pad=int(arg(node, 5, "count_include_pad", True)))
+    return emit.op("AveragePool", [x], attrs, node=node)
+
+
+def _adaptive_check(node: torch.fx.Node) -> str | None:
+    size = node.args[0].meta["val"].shape[2:]
+    out = _spread(node.args[1], 2)
+    return None if all(s % o == 0 for s, o in zip(size, out)) else "an output size that does not divide the input"
+
+
+@rule(aten._adaptive_avg_pool2d.default, check=_adaptive_check)
+def _adaptive_avg_pool(emit: Emitter, node: torch.fx.Node) -> Value:
+    size = [int(s) for s in node.args[0].meta["val"].shape[2:]]
+    out = _spread(node.args[1], 2)
+    if out == [1, 1]:
+        return emit.op("GlobalAveragePool", [emit.value(node.args[0])], node=node)
+    kernel = tuple(s // o for s, o in zip(size, out))
+    attrs = {"kernel_shape": kernel, "strides": kernel, "pads": (0, 0, 0, 0)}
+    return emit.op("AveragePool", [emit.value(node.args[0])], attrs, node=node)
+
+
+# ---- reductions ----------------------------------------------------------------------------
+def _reduction(onnx_op: str, input_dtype: Callable[[torch.fx.Node], torch.dtype]):
+    def convert(emit: Emitter, node: torch.fx.Node) -> Value:
+        rank = _rank(node)
+        dims = arg(node, 1, "dim", None)
+        keep = bool(arg(node, 2, "keepdim", False))
+        x = emit.tensor(node.args[0], input_dtype(node))
+        if rank == 0:  # a 0-d tensor reduces to itself
+            return emit.op("Identity", [x], node=node)
+        inputs = [x] if dims is None or dims == [] else [x, emit.ints(_dims(dims, rank))]
+        result = emit.op(onnx_op, inputs, {"keepdims": int(keep)}, node=node if rank else None)
+        return result if rank else emit.op("Identity", [result], node=node)
+    return convert
+
+
+def _out_dtype(node: torch.fx.Node) -> torch.dtype:
+    return out_val(node).dtype
+
+
+def _reduce_float(node: torch.fx.Node) -> str | None:
+    return None if out_val(node).dtype.is_floating_point else "an integer mean"
+
+
+rule(aten.sum.dim_IntList)(_reduction("ReduceSum", _out_dtype))
+rule(aten.mean.dim, check=_reduce_float)(_reduction("ReduceMean", _out_dtype))
+rule(aten.amax.default)(_reduction("ReduceMax", _out_dtype))
+rule(aten.amin.default)(_reduction("ReduceMin", _out_dtype))
+rule(aten.any.dim, aten.any.dims)(_reduction("ReduceMax", lambda n: torch.bool))
+rule(aten.all.dim, aten.all.dims)(_reduction("ReduceMin", lambda n: torch.bool))
+
+
+@rule(aten.sum.default, aten.mean.default, aten.any.default, aten.all.default)
+def _reduce_all(emit: Emitter, node: torch.fx.Node) -> Value:
+    op = {aten.sum.default: "ReduceSum", aten.mean.default: "ReduceMean", aten.any.default: "ReduceMax",
+          aten.all.default: "ReduceMin"}[node.target]
+    dtype = torch.bool if op in ("ReduceMax", "ReduceMin") else out_val(node).dtype
+    if _rank(node) == 0:
+        return emit.op("Identity", [emit.tensor(node.args[0], dtype)], node=node)
+    return emit.op(op, [emit.tensor(node.args[0], dtype)], {"keepdims": 0}, node=node)
+
+
+@rule(aten.argmax.default, aten.argmin.default)
+def _argmax(emit: Emitter, node: torch.fx.Node) -> Value:
+    op = "ArgMax" if node.target == aten.argmax.default else "ArgMin"
+    dim, keep = arg(node, 1, "dim", None), bool(arg(node, 2, "keepdim", False))
+    x = emit.value(node.args[0])
+    if dim is None:
+        x, dim = emit.op("Reshape", [x, emit.ints([-1])]), 0
+        result = emit.op(op, [x], {"axis": 0, "keepdims": 0})
+        return emit.op("Reshape", [result, emit.ints(out_val(node).shape)], node=node)
+    return emit.op(op, [x], {"axis": dim % max(_rank(node), 1), "keepdims": int(keep)}, node=node)
+
+
+@rule(aten.cumsum.default)
+def _cumsum(emit: Emitter, node: torch.fx.Node) -> Value:
+    x = emit.tensor(node.args[0], out_val(node).dtype)  # torch sums integers and bools as int64
+    return emit.op("CumSum", [x, emit.ints([int(arg(node, 1, "dim", 0)) % max(_rank(node), 1)])], node=node)
