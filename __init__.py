@@ -1,12 +1,17 @@
 """tilefold: a graph-level tensor-layout optimizer.
 
     g = tilefold.load("model.onnx")          # ONNX file -> Graph (simplified)
+    g = tilefold.from_torch(module, (x,))    # or a PyTorch module, through core ATen
     exe = tilefold.compile(g, device="cpu")  # NumPy backend
     outputs = exe({"input": x})              # dict of named numpy arrays
 
     opt = tilefold.optimize(g, target="cpu") # packed layouts, folded into the weights
     opt.report                               # runtime layout ops and bytes, before/after
     exe = tilefold.compile(opt.graph)        # same outputs, less layout traffic
+    tilefold.save(opt, "model.opt.onnx")     # a standard ONNX file that onnxruntime runs
+
+    opt = tilefold.optimize(g, device="interp,cpu")  # placed per device, each device's layouts
+    exe = tilefold.compile(opt.graph, device="interp,cpu")  # Triton kernels (interpreted) + NumPy
 """
 from __future__ import annotations
 
