@@ -18,7 +18,7 @@ import fnmatch
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from ..graph.errors import InputError, UnsupportedOpError, where
+from ..graph.errors import InputError, UnsupportedOpError, VerifyError, where
 from ..graph.graph import CONSTANT, INPUT, OUTPUT, Graph, Node
 from ..graph.types import Value
 from .devices import HOST, Device, parse_request, present
@@ -194,6 +194,6 @@ def check_placement(graph: Graph) -> None:
                 continue
             producer = graph.node(value.node)
             if producer.device != _reads_on(node):
-                raise UnsupportedOpError(
+                raise VerifyError(
                     f"{where(node)} on {node.device} reads {graph.value_name(value)} from "
                     f"{producer.device} without a transfer")

@@ -15,7 +15,7 @@ from tilefold.backends.devices import DEVICE_KINDS, DeviceKind, parse_request, p
 from tilefold.backends.numpy import NumpyExecutable
 from tilefold.backends.place import place
 from tilefold.bench.models import mlp_model
-from tilefold.graph import InputError, UnsupportedOpError
+from tilefold.graph import InputError, UnsupportedOpError, VerifyError
 from tilefold.graph.graph import CONSTANT
 from tilefold.graph.types import Value
 
@@ -154,3 +154,13 @@ def test_mixed_placements_give_the_single_device_results(accel, mlp, device, aff
         feeds = _feeds(seed)
         np.testing.assert_allclose(NumpyExecutable(after)(feeds)["y"], _onnxruntime(model, feeds)["y"],
                                    rtol=1e-4, atol=1e-5)
+
+
+def test_an_edge_across_devices_without_a_transfer_is_caught(accel, mlp):
+    _, graph = mlp
+    placed = assign_devices(graph, "accel,cpu")
+    relu = next(n for n in placed.nodes() if n.op == "Relu")
+    (moved,) = placed.inputs_of(relu.name)
+    placed.set_input(relu.name, 0, placed.inputs_of(moved.node)[0])  # bypass the transfer
+    with pytest.raises(VerifyError, match=f"{relu.name}.* on cpu reads .* from accel without a transfer"):
+        check_placement(placed)
