@@ -25,7 +25,11 @@ from .onnx_read import node_label
 from .onnx_values import DEFAULT_DOMAINS
 
 MIN_OPSET = 9
-STRIP_BYTES = 1 << 20
+STRIP_BYTES = 1 << 12
+"""Initializers this large are held out of the model while it is checked, converted and
+shape-inferred: those steps serialize the whole model, never need a weight's values (only
+small shape, axes and index constants, kept), and took a third of ResNet-50's load time
+with its weights in (0.16 s against 0.14 s without)."""
 FOLD_ROUNDS = 4
 # `/project/onnx/.../convert.h:96: assertInVersionRange: Assertion `...` failed: ` before onnx's message
 _SOURCE_PREFIX = re.compile(r"^(\S+\.(h|cc|cpp):\d+:\s*)?(.*?Assertion `.*` failed:\s*)?")
