@@ -14,6 +14,7 @@ than eager) and the largest difference from eager.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
@@ -24,6 +25,7 @@ import numpy as np
 import torch
 
 from . import models
+from .cpu_models import time_interleaved
 
 MODELS = ("resnet50", "bert")
 RUNNERS = ("eager", "inductor", "tilefold")
@@ -63,12 +65,10 @@ def bench_model(name: str, runners: Sequence[str], repeat: int, warmup: int, gap
                             "seconds": [], "error": error}
             for _ in range(warmup):
                 fn(*args)
-        for _ in range(repeat):
-            for runner in runners:
-                time.sleep(gap)  # lets the previous runner's BLAS threads stop spinning (see module docstring)
-                start = time.perf_counter()
-                functions[runner](*args)
-                rows[runner]["seconds"].append(time.perf_counter() - start)
+        times = time_interleaved({r: functools.partial(functions[r], *args) for r in runners},
+                                 repeat=repeat, gap=gap)
+        for runner, seconds in times.items():
+            rows[runner]["seconds"] = seconds
     eager_ms = 1e3 * statistics.median(rows["eager"]["seconds"]) if "eager" in rows else None
     for row in rows.values():
         row["ms"] = 1e3 * statistics.median(row["seconds"])
