@@ -20,7 +20,7 @@ from ...graph.errors import InputError, TilefoldError, UnsupportedOpError, where
 from ...graph.graph import CONSTANT, INPUT, OUTPUT, Graph, Node
 from ...graph.types import TensorType, Value, as_array
 from .packed import build_kernel
-from .registry import KERNELS, KernelSpec, Run
+from .registry import KERNELS, KernelDef, KernelSpec, Run
 from . import kernels as _kernels  # noqa: F401  (registers the kernels)
 
 FALLBACK_OP = "OnnxReference"
@@ -118,28 +118,10 @@ class NumpyExecutable:
 
         freed: set[int] = set()
         for step_index, node in enumerate(compute):
-            kdef = KERNELS.get(node.op)
-            if kdef is None:
-                raise UnsupportedOpError(f"{where(node)}: the NumPy backend has no kernel for {node.op}")
-            if node.op == FALLBACK_OP:
-                if not allow_fallback:
-                    raise UnsupportedOpError(
-                        f"{where(node)}: op {node.attrs.get('onnx_op')} has no tilefold kernel "
-                        "(fallback to onnx.reference is disabled)"
-                    )
-                self.fallback_nodes.append(node.name)
             inputs = g.inputs_of(node.name)
-            spec = KernelSpec(
-                node,
-                [g.type_of(v) if v is not None else None for v in inputs],
-                [g.constant_value(v) for v in inputs],
-            )
-            try:
-                run = build_kernel(kdef, spec)
-            except TilefoldError:
-                raise
-            except Exception as exc:
-                raise UnsupportedOpError(f"{where(node)}: cannot build its kernel: {exc}") from exc
+            kdef, spec, run = node_kernel(g, node, inputs, allow_fallback=allow_fallback)
+            if node.op == FALLBACK_OP:
+                self.fallback_nodes.append(node.name)
             ins = tuple(self._slot(v) if v is not None else -1 for v in inputs)
             outs = tuple(
                 self._slot(Value(node.name, k)) if g.users(Value(node.name, k)) else -1
@@ -280,6 +262,28 @@ def _owned(array: Any) -> np.ndarray:
     if not array.flags.writeable or not array.flags.owndata:
         return np.array(array)
     return array
+
+
+def node_kernel(graph: Graph, node: Node, inputs: list[Value | None], *,
+                allow_fallback: bool) -> tuple[KernelDef, KernelSpec, Run]:
+    """The NumPy kernel of one node reading `inputs` (constants among them seen at build
+    time): its table entry, spec and `run`. One-line errors for an op without a kernel, an
+    onnx.reference fallback that is disabled, and a kernel that cannot be built."""
+    kdef = KERNELS.get(node.op)
+    if kdef is None:
+        raise UnsupportedOpError(f"{where(node)}: the NumPy backend has no kernel for {node.op}")
+    if node.op == FALLBACK_OP and not allow_fallback:
+        raise UnsupportedOpError(f"{where(node)}: op {node.attrs.get('onnx_op')} has no tilefold kernel "
+                                 "(fallback to onnx.reference is disabled)")
+    spec = KernelSpec(node, [graph.type_of(v) if v is not None else None for v in inputs],
+                      [graph.constant_value(v) for v in inputs])
+    try:
+        run = build_kernel(kdef, spec)
+    except TilefoldError:
+        raise
+    except Exception as exc:
+        raise UnsupportedOpError(f"{where(node)}: cannot build its NumPy kernel: {exc}") from exc
+    return kdef, spec, run
 
 
 def check_input(name: str, array: np.ndarray, expected: TensorType, symbols: dict[str, int]) -> None:

@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ...graph.errors import InputError, TilefoldError, UnsupportedOpError, where
+from ...graph.errors import InputError, TilefoldError, where
 from ...graph.graph import CONSTANT, INPUT, OUTPUT, Graph
 from ...graph.types import Splat, TensorType, Value, as_array
 from ...layout.encoding import unpack
@@ -177,25 +177,10 @@ class TritonExecutable:
         return self._numpy_step(group, inputs, allow_fallback)
 
     def _numpy_step(self, group: Group, inputs: list[Value | None], allow_fallback: bool) -> Step:
-        from ..numpy.packed import build_kernel
-        from ..numpy.registry import KERNELS, KernelSpec
+        from ..numpy.executor import node_kernel
 
-        g = self.graph
         node = group.anchor
-        kdef = KERNELS.get(node.op)
-        if kdef is None:
-            raise UnsupportedOpError(f"{where(node)}: neither the Triton nor the NumPy backend has a kernel for {node.op}")
-        if node.op == "OnnxReference" and not allow_fallback:
-            raise UnsupportedOpError(f"{where(node)}: op {node.attrs.get('onnx_op')} has no tilefold kernel "
-                                     "(fallback to onnx.reference is disabled)")
-        spec = KernelSpec(node, [g.type_of(v) if v is not None else None for v in inputs],
-                          [g.constant_value(v) for v in inputs])
-        try:
-            kernel = build_kernel(kdef, spec)
-        except TilefoldError:
-            raise
-        except Exception as exc:
-            raise UnsupportedOpError(f"{where(node)}: cannot build its NumPy kernel: {exc}") from exc
+        _, _, kernel = node_kernel(self.graph, node, inputs, allow_fallback=allow_fallback)
         self.fallback_nodes.append(node.name)
         present = [v for v in inputs if v is not None]
         outs = [Value(node.name, k) for k in range(len(node.outputs))]
