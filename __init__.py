@@ -120,29 +120,30 @@ def compile(graph: Graph, *, device: str | Sequence[str] = "cpu", affinity: Mapp
 
     "cpu" runs the NumPy kernels. A request with a Triton device ("interp,cpu", "cuda,cpu")
     or an `affinity` places every node first (explicit transfers between devices; nodes a
-    device lacks fall back to the next in the request) and runs the Triton backend, which
-    runs the nodes placed on the host with the NumPy kernels."""
-    from .backends.devices import present
+    device lacks fall back to the next in the request) and runs the Triton backend: each node
+    on its own device, several Triton devices at once ("interp:0" and "interp:1", two GPUs)
+    each with its own memory arena, and the nodes placed on the host with the NumPy kernels."""
+    from .backends.devices import HOST, present
 
     devices = present(device)
-    placed_before = any(n.device not in (None, "cpu") for n in graph.nodes())
-    if affinity is None and devices[0].name == "cpu" and not placed_before:
+    placed_before = any(n.device not in (None, HOST) for n in graph.nodes())
+    if affinity is None and devices[0].name == HOST and not placed_before:
         from .backends.numpy import NumpyExecutable
 
         return NumpyExecutable(graph, allow_fallback=allow_fallback, debug=debug)
-    from .backends.assign import assign_devices
+    from .backends.assign import assign_devices, check_placement
 
     placed = assign_devices(graph, device, affinity)
-    accelerators = sorted(d for d in placed.meta["devices"] if d != "cpu")
+    accelerators = [d for d in placed.meta["devices"] if d != HOST]
     if not accelerators:
         from .backends.numpy import NumpyExecutable
 
         return NumpyExecutable(placed, allow_fallback=allow_fallback, debug=debug)
-    if len(accelerators) > 1:
-        raise TilefoldError(f"this version runs one Triton device per graph; the placement uses {accelerators}")
+    check_placement(placed)
     from .backends.triton import TritonExecutable
 
-    return TritonExecutable(placed, device=accelerators[0], allow_fallback=allow_fallback)
+    default = next((d.name for d in devices if d.name in accelerators), accelerators[0])
+    return TritonExecutable(placed, device=default, allow_fallback=allow_fallback)
 
 
 def save(graph: Graph | Optimized, path: str | os.PathLike, *, progress: bool = False, **options: Any) -> None:

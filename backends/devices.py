@@ -4,10 +4,15 @@ A device kind names its layout target (the tiling policy its kernels want), says
 is present on this machine, and whether its backend can run a node. Kinds live in a registry
 (a user may add one); a request is an ordered choice, and the first present device wins.
 
-    cpu      NumPy kernels on the host.
-    interp   the Triton backend's kernels run by Triton's interpreter on the host: slow,
-             for testing the GPU path without a GPU.
-    cuda[:N] the Triton backend's kernels on an NVIDIA GPU.
+    cpu        NumPy kernels on the host.
+    interp[:N] the Triton backend's kernels run by Triton's interpreter on the host: slow,
+               for testing the GPU path without a GPU. Every index is present (each is its
+               own arena in host memory), so two GPUs can be tested as `interp:0,interp:1`;
+               plain `interp` is `interp:0` and keeps that short name.
+    cuda[:N]   the Triton backend's kernels on an NVIDIA GPU (`cuda` is `cuda:0`).
+
+Device names are canonical (`Device.name`): the placement, memory plans and executors compare
+names, so every name a node carries comes from a parsed Device (`canonical`).
 """
 from __future__ import annotations
 
@@ -28,6 +33,8 @@ class DeviceKind:
     available: Callable[[int], bool]
     supports: Callable[[Graph, Node], bool]
     indexed: bool = False
+    short_zero: bool = False
+    """Index 0 is named by the kind alone (`interp`, not `interp:0`)."""
     doc: str = ""
 
 
@@ -38,7 +45,9 @@ class Device:
 
     @property
     def name(self) -> str:
-        return f"{self.kind.name}:{self.index}" if self.kind.indexed else self.kind.name
+        if not self.kind.indexed or (self.index == 0 and self.kind.short_zero):
+            return self.kind.name
+        return f"{self.kind.name}:{self.index}"
 
     @property
     def target(self) -> str:
@@ -61,7 +70,8 @@ def register_device_kind(kind: DeviceKind) -> DeviceKind:
 
 
 def parse_device(text: str) -> Device:
-    """`"cpu"`, `"interp"`, `"cuda"` (= `"cuda:0"`) or `"cuda:1"` to a Device."""
+    """`"cpu"`, `"interp"` (= `"interp:0"`), `"interp:1"`, `"cuda"` (= `"cuda:0"`) or `"cuda:1"`
+    to a Device."""
     name, _, index = text.strip().partition(":")
     kind = DEVICE_KINDS.get(name)
     if kind is None:
@@ -71,6 +81,11 @@ def parse_device(text: str) -> Device:
         raise InputError(f"bad device {text.strip()!r}: {name} takes no index" if not kind.indexed
                          else f"bad device {text.strip()!r}: the index must be a number, e.g. {name}:0")
     return Device(kind, int(index) if index else 0)
+
+
+def canonical(name: str) -> str:
+    """The canonical name of a device name: `"interp:0"` -> `"interp"`, `"cuda"` -> `"cuda:0"`."""
+    return parse_device(name).name
 
 
 def parse_request(request: str | Sequence[str]) -> list[Device]:
@@ -109,7 +124,7 @@ def _triton_installed(index: int) -> bool:
         import triton  # noqa: F401
     except ImportError:
         return False
-    return index == 0
+    return index >= 0
 
 
 def _cuda_present(index: int) -> bool:
@@ -120,7 +135,7 @@ def _cuda_present(index: int) -> bool:
 
 register_device_kind(DeviceKind("cpu", "cpu", lambda i: i == 0, _numpy_supports,
                                  doc="NumPy kernels on the host"))
-register_device_kind(DeviceKind("interp", "gpu", _triton_installed, _triton_supports,
+register_device_kind(DeviceKind("interp", "gpu", _triton_installed, _triton_supports, indexed=True, short_zero=True,
                                 doc="Triton kernels under Triton's interpreter on the host (for testing; slow)"))
 register_device_kind(DeviceKind("cuda", "gpu", _cuda_present, _triton_supports, indexed=True,
                                 doc="Triton kernels on an NVIDIA GPU"))

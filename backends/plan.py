@@ -2,7 +2,8 @@
 encoding's size (padding included) and its lifetime in the schedule.
 
 A buffer is live from the step that writes it to the last step that reads it (graph outputs
-to the end). Views (a reshape of a contiguous buffer, a transfer within host memory) take no
+to the end); an executor that runs several nodes in one step (a fused kernel) passes its
+schedule, so that lifetimes follow what it really reads and writes when. Views (a reshape of a contiguous buffer, a transfer within host memory) take no
 memory of their own: they extend the lifetime of the buffer they view. Offsets are assigned
 greedily by size, largest first, each at the lowest address free for its whole lifetime
 (the "greedy by size" planner of TFLite's arena; optimal planning is NP-hard and this one
@@ -13,7 +14,7 @@ reported beside it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -102,15 +103,24 @@ class MemoryPlan:
         return table
 
 
-def plan_memory(graph: Graph, dims: Mapping[str, int] | None = None) -> MemoryPlan:
-    """Plan every device's arena; `dims` sizes the graph's symbolic dims (default 1)."""
+def plan_memory(graph: Graph, dims: Mapping[str, int] | None = None, *,
+                schedule: Sequence[Sequence[str]] | None = None, views: Collection[str] | None = None) -> MemoryPlan:
+    """Plan every device's arena; `dims` sizes the graph's symbolic dims (default 1).
+
+    `schedule` gives the steps an executor runs, each a list of node names run together (a
+    fused kernel group: its operands are read and its result written at that one step);
+    default: every compute node its own step, in topological order. `views` names the nodes
+    whose result the executor makes a view of their first operand (default: the `VIEW_OPS`);
+    a named node is a view only where the sizes, encodings and devices agree."""
     dims = dict(dims or {})
-    schedule = [n for n in graph.nodes() if n.op not in (INPUT, OUTPUT, CONSTANT)]
+    compute = [n for n in graph.nodes() if n.op not in (INPUT, OUTPUT, CONSTANT)]
+    step_of = _steps(compute, schedule)
+    steps = len(schedule) if schedule is not None else len(compute)
     plans: dict[str, DevicePlan] = {}
 
     def plan_for(device: str | None) -> DevicePlan:
         name = device or HOST
-        return plans.setdefault(name, DevicePlan(name, steps=len(schedule)))
+        return plans.setdefault(name, DevicePlan(name, steps=steps))
 
     for node in graph.nodes():
         if node.op == CONSTANT:
@@ -122,7 +132,8 @@ def plan_memory(graph: Graph, dims: Mapping[str, int] | None = None) -> MemoryPl
     lifetimes: dict[Value, list[int]] = {}
     sizes: dict[Value, tuple[int, int]] = {}
     owner: dict[Value, str | None] = {}
-    for step, node in enumerate(schedule):
+    for node in compute:
+        step = step_of[node.name]
         inputs = graph.inputs_of(node.name)
         for value in inputs:
             if value is not None and root.get(value) is not None:
@@ -132,13 +143,14 @@ def plan_memory(graph: Graph, dims: Mapping[str, int] | None = None) -> MemoryPl
             value = Value(node.name, slot)
             size = _size(t, dims, node)
             source = inputs[0] if inputs else None
-            if slot == 0 and node.op in VIEW_OPS and source is not None and _same_buffer(graph, source, t, dims, node):
+            is_view = node.op in VIEW_OPS if views is None else node.name in views
+            if slot == 0 and is_view and source is not None and _same_buffer(graph, source, t, dims, node):
                 root[value] = root.get(source)
                 continue
             root[value], lifetimes[value], sizes[value], owner[value] = value, [step, step], size, node.device
     for value in graph.output_values():
         if root.get(value) is not None:
-            lifetimes[root[value]][1] = len(schedule)  # type: ignore[index]
+            lifetimes[root[value]][1] = steps  # type: ignore[index]
 
     for value, (first, last) in lifetimes.items():
         nbytes, logical = sizes[value]
@@ -146,6 +158,23 @@ def plan_memory(graph: Graph, dims: Mapping[str, int] | None = None) -> MemoryPl
     for plan in plans.values():
         plan.buffers, plan.arena_bytes = _place(plan.buffers)
     return MemoryPlan(dict(sorted(plans.items())))
+
+
+def _steps(compute: list[Node], schedule: Sequence[Sequence[str]] | None) -> dict[str, int]:
+    """The step that runs each compute node; a schedule must run each exactly once, in an
+    order where every node comes after its operands' producers (not checked here)."""
+    if schedule is None:
+        return {node.name: step for step, node in enumerate(compute)}
+    step_of: dict[str, int] = {}
+    for step, names in enumerate(schedule):
+        for name in names:
+            if name in step_of:
+                raise InputError(f"schedule runs node {name!r} twice (steps {step_of[name]} and {step})")
+            step_of[name] = step
+    missing = [n.name for n in compute if n.name not in step_of]
+    if missing:
+        raise InputError(f"schedule never runs node {missing[0]!r} ({len(missing)} compute node(s) missing)")
+    return step_of
 
 
 def _same_buffer(graph: Graph, source: Value, t: TensorType, dims: Mapping[str, int], node: Node) -> bool:

@@ -1,29 +1,62 @@
-"""Runs a Graph with generated Triton kernels, falling back per node to the NumPy backend.
+"""Runs a placed Graph with generated Triton kernels on one or several Triton devices, falling
+back per node to the NumPy backend.
 
 Compiling groups the nodes into kernels (fusion.py), generates and builds each kernel
-(templates, codegen.py) with its launch configuration (launch.py, verified first), and fixes
-one schedule. Running it:
-- every value has one buffer, sized from its encoding (padding included): a torch tensor on
-  the device (`cuda`; on the host for `interp`), or a NumPy array on the host for values the
-  NumPy backend produced; a buffer is dropped after its last use;
-- a padded packed result is allocated filled with its pad value (zero where the padding is
-  unknown), so the kernels write logical elements only;
-- a node no template runs (or placed on the host) runs on the NumPy backend: its operands
-  move to the host and its results back on the device's first use, each move an explicit,
-  counted transfer (`transfers`, `transfer_bytes`); a `Transfer` node moves its value;
-- constants move to the device once, at compile time.
+(templates, codegen.py) with its launch configuration (launch.py, verified first), fixes one
+schedule (a step per kernel group, view, transfer or NumPy node) and plans the memory of that
+schedule (plan.plan_memory).
+
+Devices. Every step runs where its nodes are placed (`node.device`; a node without one on the
+executable's `device`): on a Triton device (`interp[:N]`, `cuda[:N]`) its generated kernel,
+on `cpu` the NumPy kernel. One executable runs all the devices of a graph, rather than one
+executable per device and a runner between them: a placement goes back and forth (a, then b,
+then a again), so per-device executables would need the graph cut into segments, each with
+its own inputs and outputs, and a runner to order them and hand values over. With one schedule
+and a device per step, the `Transfer` nodes that device assignment inserted are the only place
+where a value moves between Triton devices (reading another Triton device's buffer without one
+is refused at compile time), and each device still has its own arena and its own constants.
+
+Memory, per Triton device:
+- one arena, a torch uint8 tensor of the plan's `arena_bytes` on that device, allocated at
+  compile time; every buffer a step writes there is a typed view at its planned offset, sized
+  from its encoding (padding included). The plan follows this executable's schedule (a fused
+  group reads its operands and writes its result at one step) and its views, so lifetimes are
+  what the kernels really do. The arena is reused by every run: outputs handed back are copies;
+- a padded packed result is filled with its pad value (zero where the padding is unknown)
+  before the kernel writes, so the kernels write logical elements only;
+- a view (a plain reshape) is its source's buffer relabelled, as the plan aliases it;
+- constants move to their device once, at compile time, outside the arena, and are never
+  written; graph inputs belong to the caller and move to a device on first use (counted);
+- the plan gives every computed value a buffer, also those never materialized: a fused group's
+  intermediate results (kept in registers), shapes known at compile time, unread extra
+  outputs. Nobody writes those bytes; each lives within its own step, so at worst the arena is
+  a little larger than needed;
+- `check_arena` recounts, from the steps alone, which buffers are live at each step and checks
+  that no two of them share arena bytes (a debug check the tests run).
+
+An executable runs one call at a time (its arenas are shared by every call).
+
+Host steps (nodes placed on `cpu`, transfers to `cpu`) keep NumPy allocation: NumPy kernels
+return fresh arrays rather than writing into a given buffer, so planning them would only add a
+copy (the host's plan is reported, not used). A node on a Triton device that no template runs
+falls back to the NumPy backend: its operands are copied to the host and its results into
+their planned buffers, each move an explicit, counted transfer (`transfers`, `transfer_bytes`),
+as is each `Transfer` node.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ...graph.errors import InputError, TilefoldError, where
-from ...graph.graph import CONSTANT, INPUT, OUTPUT, Graph
-from ...graph.types import Splat, TensorType, Value, as_array
+from ...graph.errors import InputError, TilefoldError, VerifyError, where
+from ...graph.graph import CONSTANT, INPUT, OUTPUT, Graph, Node
+from ...graph.types import Splat, Value, as_array
 from ...layout.encoding import unpack
+from ..devices import HOST, parse_device
+from ..plan import MemoryPlan, plan_memory
 from . import codegen
 from .fusion import Group
 from .indexing import physical_shape
@@ -34,12 +67,19 @@ from .templates import TEMPLATES, static_result
 
 @dataclass
 class Step:
+    """One step of the schedule: `run(args)` gives the values `outs` from the values `ins`,
+    on `device` (a Triton device's name, or `cpu`: NumPy on the host). `buffers` holds the
+    planned arena view of each of `outs` (None where it is not in an arena: host values, views,
+    values known at compile time)."""
+
     group: Group
-    run: Callable[[list[Any]], list[Any]]
+    run: Callable[..., list[Any]]
     ins: list[Value]
     outs: list[Value]
     frees: list[Value] = field(default_factory=list)
     plan: codegen.KernelPlan | None = None
+    device: str = HOST
+    buffers: list[Any] = field(default_factory=list)
 
 
 def kernel_name(group: Group) -> str:
@@ -79,47 +119,90 @@ DEVICE_NOTES = {
 """What each device is, for the CLI and reports to say."""
 
 
+@dataclass
+class TritonDevice:
+    """One Triton device of an executable: its canonical name, kind ("cuda" or "interp"),
+    torch device (the host's for `interp`) and arena."""
+
+    name: str
+    kind: str
+    torch_device: Any
+    arena: Any = None
+
+    def launching(self) -> contextlib.AbstractContextManager:
+        """Triton launches on the current CUDA device: make it this one."""
+        import torch
+
+        return torch.cuda.device(self.torch_device) if self.kind == "cuda" else contextlib.nullcontext()
+
+
+def triton_device(name: str) -> TritonDevice:
+    """The Triton device named `name` ("interp", "interp:1", "cuda", "cuda:1"); one-line errors
+    for a name the Triton backend does not run and for a GPU that is not there."""
+    import torch
+
+    kind = name.split(":")[0]
+    if kind not in codegen.DEVICES:
+        raise TilefoldError(f"unknown Triton device {name!r}: expected 'cuda', 'cuda:N', 'interp' or 'interp:N'")
+    device = parse_device(name)
+    if kind == "cuda" and not device.present:
+        if not torch.cuda.is_available():
+            raise TilefoldError(f"device {name!r} is not available here (no CUDA GPU); use device='interp' to run "
+                                "the Triton kernels with the interpreter on the CPU")
+        raise TilefoldError(f"device {name!r} is not available here ({torch.cuda.device_count()} CUDA GPU(s))")
+    torch_device = torch.device("cpu") if kind == "interp" else torch.device("cuda", device.index)
+    return TritonDevice(device.name, kind, torch_device)
+
+
 class TritonExecutable:
     """A graph compiled for the Triton backend; call it with a dict of named inputs (numpy
     arrays or torch tensors); returns a dict of named numpy arrays.
 
-    `device`: "cuda" (or "cuda:N") runs JIT-compiled kernels on the GPU; "interp" runs the same
-    kernels with Triton's interpreter on the CPU, for testing without a GPU (slow: small
-    shapes only). `fuse=False` gives every node its own kernel."""
+    `device`: where nodes without a device run: "cuda" (or "cuda:N") runs JIT-compiled kernels
+    on the GPU; "interp" (or "interp:N") runs the same kernels with Triton's interpreter on the
+    CPU, for testing without a GPU (slow: small shapes only). Nodes placed on other Triton
+    devices run there, nodes placed on `cpu` on the NumPy backend. `fuse=False` gives every node
+    its own kernel. `memory`: a memory plan to use instead of planning one (for tests and
+    debugging: it must plan this graph's schedule, `schedule` and `views`)."""
 
     def __init__(self, graph: Graph, *, device: str = "cuda", fuse: bool = True, verify: bool = True,
-                 allow_fallback: bool = True) -> None:
-        import torch
-
+                 allow_fallback: bool = True, memory: MemoryPlan | None = None) -> None:
         self.graph = graph
-        kind = device.split(":")[0]
-        if kind not in codegen.DEVICES:
-            raise TilefoldError(f"unknown Triton device {device!r}: expected 'cuda', 'cuda:N' or 'interp'")
-        if kind == "cuda" and not torch.cuda.is_available():
-            raise TilefoldError("device 'cuda' is not available here (no CUDA GPU); use device='interp' to run "
-                                "the Triton kernels with the interpreter on the CPU")
-        self.device = device
-        self.kind = kind
-        self.note = DEVICE_NOTES[kind]
-        self.torch_device = torch.device("cpu" if kind == "interp" else device)
+        default = triton_device(device)
+        self.device = default.name
+        self.kind = default.kind
+        self.torch_device = default.torch_device
+        self.devices: dict[str, TritonDevice] = {default.name: default}
+        self.note = DEVICE_NOTES[self.kind]
         self.fallback_nodes: list[str] = []
         self.transfers = 0
         self.transfer_bytes = 0
         self._consts: dict[Value, Any] = {}
+        self._device_consts: dict[tuple[str, Value], Any] = {}
         self._inputs: dict[str, Value] = {name: Value(name) for name in graph.inputs}
         self._outputs: list[tuple[str, Value]] = []
         self.steps: list[Step] = []
+        self.schedule: list[list[str]] = []
+        self.views: set[str] = set()
+        self.memory: MemoryPlan | None = None
         self._options = {"fuse": fuse, "verify": verify, "allow_fallback": allow_fallback}
         self._variants: dict[tuple, TritonExecutable] | None = None
         if not all(t.is_static for t in graph.input_types().values()):
-            self._variants = {}  # symbolic dims: one specialization per set of input shapes
+            self._variants = {}  # symbolic dims: one specialization (and plan) per set of input shapes
             return
         if verify:
             verify_launch(graph, fuse)
-        self._compile(fuse, allow_fallback)
+        self._compile(fuse, allow_fallback, memory)
+
+    @property
+    def arenas(self) -> dict[str, Any]:
+        """Each Triton device's arena (a torch uint8 tensor), by device name."""
+        return {name: d.arena for name, d in self.devices.items() if d.arena is not None}
 
     # ---- compile ---------------------------------------------------------------------------------
-    def _compile(self, fuse: bool, allow_fallback: bool) -> None:
+    def _compile(self, fuse: bool, allow_fallback: bool, memory: MemoryPlan | None) -> None:
+        import torch
+
         g = self.graph
         for node in g.nodes():
             if node.op == CONSTANT:
@@ -128,9 +211,26 @@ class TritonExecutable:
                 self._inputs[node.name] = Value(node.name)
             elif node.op == OUTPUT:
                 self._outputs.append((node.attrs["name"], g.inputs_of(node.name)[0]))  # type: ignore[arg-type]
-        self._device_consts: dict[Value, Any] = {}
-        for group in kernel_groups(g, fuse):
-            self.steps.append(self._step(group, allow_fallback))
+        groups = kernel_groups(g, fuse)
+        where_run = {group.output.node: self._group_device(group) for group in groups}
+        self.schedule = [group.names for group in groups]
+        self.views = {group.anchor.name for group in groups if group.kind == "view"}
+        self.memory = memory or plan_memory(self._placed(groups, where_run), schedule=self.schedule,
+                                            views=self.views)
+        planned = {b.value: b for name, p in self.memory.devices.items() if name in self.devices for b in p.buffers}
+        for name, device in self.devices.items():
+            nbytes = self.memory.devices[name].arena_bytes if name in self.memory.devices else 0
+            device.arena = torch.empty(nbytes, dtype=torch.uint8, device=device.torch_device)
+        home: dict[Value, str] = {}
+        for group in groups:
+            step = self._step(group, where_run[group.output.node], allow_fallback, planned)
+            self._check_reads(step, home)
+            for v in step.outs:
+                home[v] = step.device if step.group.kind not in ("static",) else HOST
+            self.steps.append(step)
+        if len(self.devices) > 1:
+            self.note = "; ".join(f"{', '.join(n for n, d in self.devices.items() if d.kind == kind)}: "
+                                  f"{DEVICE_NOTES[kind]}" for kind in sorted({d.kind for d in self.devices.values()}))
         last: dict[Value, int] = {}
         for i, step in enumerate(self.steps):
             for v in step.ins:
@@ -140,43 +240,120 @@ class TritonExecutable:
             if v not in keep:
                 self.steps[i].frees.append(v)
 
-    def _step(self, group: Group, allow_fallback: bool) -> Step:
+    def _node_device(self, node: Node) -> str:
+        """Where a node runs: `cpu` (the host), or a Triton device (registered on first use)."""
+        name = node.attrs.get("target") if node.op == "Transfer" else node.device
+        if name is None:
+            return self.device
+        if name == HOST:
+            return HOST
+        try:
+            device = triton_device(name)
+        except TilefoldError as exc:
+            raise TilefoldError(f"{where(node)} is placed on {name!r}: {exc}") from None
+        self.devices.setdefault(device.name, device)
+        return device.name
+
+    def _group_device(self, group: Group) -> str:
+        devices = {self._node_device(n) for n in group.nodes}
+        if len(devices) > 1:
+            raise TilefoldError(f"{where(group.anchor)}: one kernel's nodes are placed on {sorted(devices)}; "
+                                "place them on one device or put a Transfer between them")
+        return devices.pop()
+
+    def _placed(self, groups: list[Group], where_run: dict[str, str]) -> Graph:
+        """A copy of the graph with every compute node on the device it runs on, for planning."""
+        placed = self.graph.copy()
+        for group in groups:
+            for node in group.nodes:
+                placed.node(node.name).device = where_run[group.output.node]
+        return placed
+
+    def _check_reads(self, step: Step, home: Mapping[Value, str]) -> None:
+        """A step on a Triton device reads no other Triton device's buffer: that takes a Transfer
+        (host steps may read device buffers: each read is a counted copy to the host)."""
+        if step.device == HOST or step.group.anchor.op == "Transfer":
+            return
+        for v in step.ins:
+            other = home.get(v, HOST)
+            if other not in (HOST, step.device):
+                raise TilefoldError(f"{where(step.group.anchor)} on {step.device} reads "
+                                    f"{self.graph.value_name(v)} from {other} without a Transfer")
+
+    def _buffer(self, value: Value, device: str, planned: Mapping[Value, Any]) -> Any:
+        """The planned arena view holding `value` on `device`, typed and shaped by its encoding."""
+        import torch
+
+        t = self.graph.type_of(value)
+        shape = physical_shape(t)
+        dtype = _torch_dtype(t.dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * t.dtype.itemsize
+        buf = planned.get(value)
+        arena = self.devices[device].arena
+        if buf is None or buf.device != device or buf.nbytes != nbytes or buf.offset + nbytes > arena.numel():
+            raise TilefoldError(f"the memory plan has no buffer of {nbytes} bytes for "
+                                f"{self.graph.value_name(value)} on {device} (a plan for another schedule?)")
+        return arena[buf.offset:buf.offset + nbytes].view(dtype).view(shape) if nbytes else \
+            torch.empty(shape, dtype=dtype, device=arena.device)
+
+    def _step(self, group: Group, device: str, allow_fallback: bool, planned: Mapping[Value, Any]) -> Step:
         g = self.graph
         node = group.anchor
         if group.kind in TEMPLATES:
-            plan = plan_group(g, group)
-            kernel = codegen.build(plan.source, plan.name, self.kind)
-            out_t = group.nodes[-1].outputs[0]
-            cfg = plan.config
-            grid, consts = plan.grid(cfg), plan.constexprs(cfg)
-            warps, stages = int(cfg.get("num_warps", 4)), int(cfg.get("num_stages", 2))
-
-            def run(args: list[Any], cfg: dict[str, Any] | None = None) -> list[Any]:
-                out = self._allocate(out_t)
-                if cfg is None:
-                    codegen.launch(kernel, self.kind, grid, [*args, out], consts, warps, stages)
-                else:
-                    codegen.launch(kernel, self.kind, plan.grid(cfg), [*args, out], plan.constexprs(cfg),
-                                   int(cfg.get("num_warps", 4)), int(cfg.get("num_stages", 2)))
-                return [out]
-
-            for v in plan.inputs:
-                self._device_const(v)
-            return Step(group, run, plan.inputs, plan.outputs, plan=plan)
+            return self._kernel_step(group, device, planned)
         inputs = [v for v in g.inputs_of(node.name)]
         if group.kind == "view":
             shape = tuple(int(d) for d in node.outputs[0].shape)
-            return Step(group, lambda args: [self._device(args[0]).reshape(shape)], [inputs[0]], [Value(node.name)])
+            return Step(group, lambda args: [self._to_device(args[0], device).reshape(shape)], [inputs[0]],
+                        [Value(node.name)], device=device, buffers=[None])
         if group.kind == "static":
             value = static_result(g, node)
-            return Step(group, lambda args: [value], [], [Value(node.name)])
+            return Step(group, lambda args: [value], [], [Value(node.name)], device=device, buffers=[None])
         if group.kind == "transfer":
-            to_host = node.attrs.get("target", "cpu") == "cpu"
-            return Step(group, lambda args: [self._host(args[0]) if to_host else self._device(args[0])],
-                        [inputs[0]], [Value(node.name)])
-        return self._numpy_step(group, inputs, allow_fallback)
+            if device == HOST:
+                return Step(group, lambda args: [self._host(args[0])], [inputs[0]], [Value(node.name)],
+                            device=HOST, buffers=[None])
+            out = self._buffer(Value(node.name), device, planned)
 
-    def _numpy_step(self, group: Group, inputs: list[Value | None], allow_fallback: bool) -> Step:
+            def move(args: list[Any]) -> list[Any]:
+                return [self._count(_write(out, args[0]))]
+
+            return Step(group, move, [inputs[0]], [Value(node.name)], device=device, buffers=[out])
+        return self._numpy_step(group, inputs, device, allow_fallback, planned)
+
+    def _kernel_step(self, group: Group, device: str, planned: Mapping[Value, Any]) -> Step:
+        plan = plan_group(self.graph, group)
+        target = self.devices[device]
+        kernel = codegen.build(plan.source, plan.name, target.kind)
+        out_t = group.nodes[-1].outputs[0]
+        enc = out_t.encoding
+        pad = None
+        if enc is not None and enc.is_padded(tuple(int(d) for d in out_t.shape)):
+            pad = enc.pad if enc.pad is not None else 0
+        out = self._buffer(group.output, device, planned)
+        cfg = plan.config
+        grid, consts = plan.grid(cfg), plan.constexprs(cfg)
+        warps, stages = int(cfg.get("num_warps", 4)), int(cfg.get("num_stages", 2))
+
+        def run(args: list[Any], cfg: dict[str, Any] | None = None) -> list[Any]:
+            if pad is not None:
+                out.fill_(pad)  # the arena holds an earlier buffer's bytes: the padding must be the pad value
+            with target.launching():
+                if cfg is None:
+                    codegen.launch(kernel, target.kind, grid, [*args, out], consts, warps, stages)
+                else:
+                    codegen.launch(kernel, target.kind, plan.grid(cfg), [*args, out], plan.constexprs(cfg),
+                                   int(cfg.get("num_warps", 4)), int(cfg.get("num_stages", 2)))
+            return [out]
+
+        for v in plan.inputs:
+            self._device_const(v, device)
+        return Step(group, run, plan.inputs, plan.outputs, plan=plan, device=device, buffers=[out])
+
+    def _numpy_step(self, group: Group, inputs: list[Value | None], device: str, allow_fallback: bool,
+                    planned: Mapping[Value, Any]) -> Step:
+        """A node on the NumPy backend: on the host its results stay NumPy arrays (fresh ones);
+        on a Triton device they are copied into their planned buffers."""
         from ..numpy.executor import node_kernel
 
         node = group.anchor
@@ -184,52 +361,43 @@ class TritonExecutable:
         self.fallback_nodes.append(node.name)
         present = [v for v in inputs if v is not None]
         outs = [Value(node.name, k) for k in range(len(node.outputs))]
+        buffers = [None if device == HOST else self._buffer(v, device, planned) for v in outs]
 
         def run(args: list[Any]) -> list[Any]:
             it = iter(self._host(a) for a in args)
             full = [None if v is None else next(it) for v in inputs]
             with np.errstate(all="ignore"):
                 result = kernel(*full)
-            return list(result) if isinstance(result, tuple) else [result]
+            results = list(result) if isinstance(result, tuple) else [result]
+            if device == HOST:
+                return results
+            return [self._count(_write(buf, r)) for buf, r in zip(buffers, results)]
 
-        return Step(group, run, present, outs)
+        return Step(group, run, present, outs, device=device, buffers=buffers)
 
-    # ---- buffers -------------------------------------------------------------------------------
-    def _allocate(self, t: TensorType) -> Any:
-        import torch
-
-        shape = physical_shape(t)
-        dtype = _torch_dtype(t.dtype)
-        enc = t.encoding
-        if enc is not None and enc.is_padded(tuple(int(d) for d in t.shape)):
-            return torch.full(shape, enc.pad if enc.pad is not None else 0, dtype=dtype, device=self.torch_device)
-        return torch.empty(shape, dtype=dtype, device=self.torch_device)
-
-    def _device_const(self, v: Value) -> None:
-        import torch
-
-        if v in self._consts and v not in self._device_consts:
+    # ---- moves ---------------------------------------------------------------------------------
+    def _device_const(self, v: Value, device: str) -> None:
+        if v in self._consts and (device, v) not in self._device_consts:
             value = self._consts[v]
             t = self.graph.type_of(v)
             array = np.full(physical_shape(t), value.value, dtype=value.dtype) if isinstance(value, Splat) \
                 else np.ascontiguousarray(value)
-            self._device_consts[v] = torch.from_numpy(array.copy()).to(self.torch_device)
+            self._device_consts[device, v] = _from_numpy(array.copy()).to(self.devices[device].torch_device)
 
-    def _device(self, x: Any) -> Any:
-        import torch
-
-        if isinstance(x, torch.Tensor):
-            return x if x.device == self.torch_device else self._count(x.to(self.torch_device))
+    def _to_device(self, x: Any, device: str) -> Any:
+        """`x` on `device`: as it is when it is there already, else moved (a counted transfer)."""
+        target = self.devices[device].torch_device
+        if _is_tensor(x):
+            return x if x.device == target else self._count(x.to(target))
         array = np.ascontiguousarray(x)
         if not array.flags.writeable:  # a constant's (or an input's) read-only view: torch wants its own
             array = array.copy()
-        return self._count(torch.from_numpy(array).to(self.torch_device))
+        return self._count(_from_numpy(array).to(target))
 
     def _host(self, x: Any) -> np.ndarray:
-        import torch
-
-        if isinstance(x, torch.Tensor):
-            return self._count(x.detach().cpu()).numpy()
+        """`x` in host memory, never a view of an arena (a counted transfer for a torch tensor)."""
+        if _is_tensor(x):
+            return self._count(x.detach()).to("cpu", copy=True).numpy()
         return x
 
     def _count(self, x: Any) -> Any:
@@ -242,7 +410,8 @@ class TritonExecutable:
         return self.run({**(feeds or {}), **kwargs})
 
     def run(self, feeds: Mapping[str, Any], *, keep: dict[Value, Any] | None = None) -> dict[str, np.ndarray]:
-        """Run once; `keep`, when given, receives every buffer (for autotuning and tests)."""
+        """Run once; `keep`, when given, receives every buffer (for autotuning and tests: arena
+        views, overwritten as the plan reuses their bytes)."""
         buffers = self._bind(feeds)
         if self._variants is not None:
             key = tuple(tuple(buffers[v].shape) for v in self._inputs.values())
@@ -253,10 +422,12 @@ class TritonExecutable:
             inner = self._variants[key]
             outputs = inner.run(feeds, keep=keep)
             self.steps, self.fallback_nodes = inner.steps, inner.fallback_nodes
+            self.schedule, self.views, self.memory, self.devices = inner.schedule, inner.views, inner.memory, inner.devices
             self.transfers, self.transfer_bytes = inner.transfers, inner.transfer_bytes
             return outputs
+        moved: dict[tuple[Value, str], Any] = {}
         for step in self.steps:
-            args = [self._arg(step, v, buffers) for v in step.ins]
+            args = [self._arg(step, v, buffers, moved) for v in step.ins]
             try:
                 results = step.run(args)
             except TilefoldError:
@@ -268,16 +439,19 @@ class TritonExecutable:
                 buffers[v] = r
             if keep is not None:
                 keep.update(buffers)
-                keep.update({v: self._device_consts[v] for v in step.ins if v in self._device_consts})
+                keep.update(zip(step.ins, args))  # what the step read: device copies of inputs and constants
             for v in step.frees:
                 buffers.pop(v, None)
+                for device in self.devices:
+                    moved.pop((v, device), None)
         outputs = {}
         for name, v in self._outputs:
             t = self.graph.type_of(v)
             if v in self._consts:
                 array = np.array(as_array(self._consts[v]))
             else:
-                array = np.array(self._host(buffers[v]))
+                x = buffers[v]
+                array = self._host(x) if _is_tensor(x) else np.array(x)  # a copy: the arena is reused
             if t.encoding is not None:
                 array = unpack(array, t.encoding, tuple(int(d) for d in t.shape))
             outputs[name] = array
@@ -303,15 +477,83 @@ class TritonExecutable:
             buffers[value] = x
         return buffers
 
-    def _arg(self, step: Step, v: Value, buffers: dict[Value, Any]) -> Any:
+    def _arg(self, step: Step, v: Value, buffers: dict[Value, Any], moved: dict[tuple[Value, str], Any]) -> Any:
         if v in self._consts:
             if step.plan is None:
                 return as_array(self._consts[v])
-            return self._device_consts[v]
+            return self._device_consts[step.device, v]
         x = buffers[v]
-        if step.plan is not None:
-            x = buffers[v] = self._device(x)
-        return x
+        if step.plan is None:
+            return x
+        if (v, step.device) not in moved:  # a host value a kernel reads: moved once per device and run
+            moved[v, step.device] = self._to_device(x, step.device)
+        return moved[v, step.device]
+
+
+def check_arena(exe: TritonExecutable) -> None:
+    """Recount, from the steps alone, which arena buffers are live at each step, and check
+    that no two of them share a byte and each lies inside its arena (VerifyError otherwise).
+
+    A buffer is where a step's planned view of its result lies (its address in the arena); it
+    is live from the step that writes it to the last step that reads it or a view of it
+    (graph outputs to the end). Independent of the plan's own lifetimes and offsets."""
+    region: dict[Value, tuple[str, int, int]] = {}
+    root: dict[Value, Value] = {}
+    span: dict[Value, list[int]] = {}
+    for i, step in enumerate(exe.steps):
+        for v in step.ins:
+            r = root.get(v, v)
+            if r in span:
+                span[r][1] = i
+        if step.group.kind == "view":
+            root[step.outs[0]] = root.get(step.ins[0], step.ins[0])
+            continue
+        for v, buf in zip(step.outs, step.buffers):
+            if buf is None or buf.numel() == 0:
+                continue
+            arena = exe.devices[step.device].arena
+            start = buf.data_ptr() - arena.data_ptr()
+            stop = start + buf.numel() * buf.element_size()
+            if start < 0 or stop > arena.numel():
+                raise VerifyError(f"{exe.graph.value_name(v)} at bytes {start}..{stop} lies outside the "
+                                  f"{arena.numel()}-byte arena of {step.device}")
+            region[v], span[v] = (step.device, start, stop), [i, i]
+    for _, v in exe._outputs:
+        r = root.get(v, v)
+        if r in span:
+            span[r][1] = len(exe.steps)
+    values = sorted(region, key=lambda v: span[v][0])
+    for k, a in enumerate(values):
+        device, lo, hi = region[a]
+        for b in values[k + 1:]:
+            if span[b][0] > span[a][1]:
+                break
+            other, lo2, hi2 = region[b]
+            if other == device and lo < hi2 and lo2 < hi:
+                raise VerifyError(f"{exe.graph.value_name(a)} (steps {span[a][0]}..{span[a][1]}, bytes {lo}..{hi}) "
+                                  f"and {exe.graph.value_name(b)} (steps {span[b][0]}..{span[b][1]}, bytes "
+                                  f"{lo2}..{hi2}) share arena bytes on {device}")
+
+
+def _is_tensor(x: Any) -> bool:
+    """A torch tensor (NumPy 2 arrays have a `device` too, so ask torch)."""
+    import torch
+
+    return isinstance(x, torch.Tensor)
+
+
+def _from_numpy(array: np.ndarray) -> Any:
+    import torch
+
+    array = np.ascontiguousarray(array)
+    return torch.from_numpy(array if array.flags.writeable else array.copy())
+
+
+def _write(out: Any, x: Any) -> Any:
+    """Copy a torch tensor or an array (any device) into the buffer `out`; returns `out`."""
+    source = x if _is_tensor(x) else _from_numpy(np.asarray(x))
+    out.copy_(source.reshape(out.shape))
+    return out
 
 
 def _torch_dtype(dtype: np.dtype) -> Any:

@@ -164,3 +164,24 @@ def test_an_edge_across_devices_without_a_transfer_is_caught(accel, mlp):
     placed.set_input(relu.name, 0, placed.inputs_of(moved.node)[0])  # bypass the transfer
     with pytest.raises(VerifyError, match=f"{relu.name}.* on cpu reads .* from accel without a transfer"):
         check_placement(placed)
+
+
+def test_two_devices_of_one_kind_are_named_apart_with_transfers_between_them(mlp):
+    _, graph = mlp
+    placed = assign_devices(graph, "interp:0", {"op:Relu": "interp:1"})
+    check_placement(placed)
+    assert placed.meta["devices"] == ["cpu", "interp", "interp:1"]
+    assert {n.device for n in placed.nodes() if n.op == "Relu"} == {"interp:1"}
+    assert {n.device for n in placed.nodes() if n.op == "MatMul"} == {"interp"}
+    routes = Placement.of(placed).transfers
+    relus = sum(1 for n in placed.nodes() if n.op == "Relu")
+    assert routes[("interp", "interp:1")] == relus and routes[("interp:1", "interp")] == relus
+    assert routes[("cpu", "interp")] == 1 and routes[("interp", "cpu")] == 1
+
+
+def test_a_recorded_interp_0_is_kept_under_its_canonical_name(mlp):
+    _, graph = mlp
+    recorded = graph.copy()
+    recorded.node("matmul1").device = "interp:0"
+    placed = assign_devices(recorded, "cpu")
+    assert placed.node("matmul1").device == "interp" and placed.node("matmul0").device == "cpu"

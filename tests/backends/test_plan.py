@@ -14,6 +14,7 @@ import tilefold
 from tilefold.backends.assign import assign_devices
 from tilefold.backends.plan import ALIGN, plan_memory
 from tilefold.bench.models import mlp_model
+from tilefold.graph.errors import InputError
 from tilefold.graph.graph import CONSTANT, INPUT, OUTPUT, Graph
 from tilefold.graph.types import TensorType, Value
 from tilefold.layout.encoding import PackedEncoding
@@ -153,3 +154,52 @@ def test_greedy_placement_never_overlaps_live_buffers(spans):
     device = DevicePlan("cpu", placed, arena_bytes=arena)
     _check_arena(device)
     assert device.peak_live_bytes == max(device.live_bytes(s) for s in range(41))
+
+
+def _chain_with_a_bystander() -> Graph:
+    """a = Exp(x); b = Neg(a); c = Tanh(x) (reads x only); d = Sigmoid(b); outputs c and d."""
+    g = Graph("fused")
+    t = TensorType((4, 16), np.float32)
+    x = g.add_input("x", t)
+    a = Value(g.add_node("Exp", [x], [t], name="a").name)
+    b = Value(g.add_node("Neg", [a], [t], name="b").name)
+    c = Value(g.add_node("Tanh", [x], [t], name="c").name)
+    d = Value(g.add_node("Sigmoid", [b], [t], name="d").name)
+    g.add_output(c, "c")
+    g.add_output(d, "d")
+    return g
+
+
+def test_a_schedule_runs_a_fused_group_in_one_step_and_its_operands_live_until_then():
+    g = _chain_with_a_bystander()
+    plain = {b.value.node: b for b in plan_memory(g).devices["cpu"].buffers}
+    assert (plain["a"].start, plain["a"].end) == (0, 1)  # dead once b has run
+    fused = plan_memory(g, schedule=[["a"], ["c"], ["b", "d"]])
+    device = fused.devices["cpu"]
+    spans = {b.value.node: (b.start, b.end) for b in device.buffers}
+    assert device.steps == 3
+    # a is read by b, which runs in the fused kernel at step 2: a must outlive c's step
+    assert spans == {"a": (0, 2), "c": (1, 3), "b": (2, 2), "d": (2, 3)}
+    _check_arena(fused)
+    buffers = {b.value.node: b for b in device.buffers}
+    assert buffers["a"].offset != buffers["c"].offset
+
+
+@pytest.mark.parametrize("schedule, message", [
+    ([["a"], ["b", "d"]], "schedule never runs node 'c'"),
+    ([["a"], ["c", "a"], ["b", "d"]], "schedule runs node 'a' twice"),
+])
+def test_a_schedule_must_run_every_node_once(schedule, message):
+    with pytest.raises(InputError, match=message):
+        plan_memory(_chain_with_a_bystander(), schedule=schedule)
+
+
+def test_an_executor_names_its_views():
+    g = Graph("ident")
+    t = TensorType((8, 8), np.float32)
+    x = g.add_input("x", t)
+    e = Value(g.add_node("Exp", [x], [t], name="e").name)
+    i = Value(g.add_node("Identity", [e], [t], name="same").name)
+    g.add_output(Value(g.add_node("Neg", [i], [t], name="n").name), "y")
+    assert [b.value.node for b in plan_memory(g).devices["cpu"].buffers] == ["e", "n"]
+    assert [b.value.node for b in plan_memory(g, views=set()).devices["cpu"].buffers] == ["e", "same", "n"]

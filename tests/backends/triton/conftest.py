@@ -58,6 +58,35 @@ def small_cnn(seed: int = 0, size: int = 9) -> onnx.ModelProto:
     return _model(nodes, [x], [y], inits, "small_cnn")
 
 
+def residual_cnn(seed: int = 0, size: int = 8) -> onnx.ModelProto:
+    """A residual block: Conv+Relu -> Conv -> Add (the skip) -> Relu -> MaxPool -> 1x1 Conv ->
+    GlobalAveragePool -> Flatten -> Gemm (channel counts that do not divide 16); every node named."""
+    rng = np.random.default_rng(seed)
+    c, f, k = 6, 10, 4
+    inits = [
+        _init("w0", rng.standard_normal((c, 3, 3, 3)) * 0.3), _init("b0", rng.standard_normal(c) * 0.1),
+        _init("w1", rng.standard_normal((c, c, 3, 3)) * 0.2), _init("b1", rng.standard_normal(c) * 0.1),
+        _init("w2", rng.standard_normal((f, c, 1, 1)) * 0.3), _init("b2", rng.standard_normal(f) * 0.1),
+        _init("wf", rng.standard_normal((k, f)) * 0.3), _init("bf", rng.standard_normal(k) * 0.1),
+    ]
+    n = helper.make_node
+    nodes = [
+        n("Conv", ["x", "w0", "b0"], ["c0"], name="stem_conv", pads=[1, 1, 1, 1]),
+        n("Relu", ["c0"], ["r0"], name="stem_relu"),
+        n("Conv", ["r0", "w1", "b1"], ["c1"], name="block_conv", pads=[1, 1, 1, 1]),
+        n("Add", ["c1", "r0"], ["s"], name="block_add"),
+        n("Relu", ["s"], ["r1"], name="block_relu"),
+        n("MaxPool", ["r1"], ["p"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
+        n("Conv", ["p", "w2", "b2"], ["c2"], name="head_conv"),
+        n("GlobalAveragePool", ["c2"], ["g"], name="head_gap"),
+        n("Flatten", ["g"], ["fl"], name="head_flatten"),
+        n("Gemm", ["fl", "wf", "bf"], ["y"], name="head_gemm", transB=1),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, size, size])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, k])
+    return _model(nodes, [x], [y], inits, "residual_cnn")
+
+
 def tiny_transformer(seed: int = 0, batch: int = 2, seq: int = 5, dim: int = 24, heads: int = 2,
                      ff: int = 40) -> onnx.ModelProto:
     """One post-norm encoder layer: multi-head attention (Reshape/Transpose heads, scaled
@@ -157,5 +186,5 @@ def kit():
     import types
 
     return types.SimpleNamespace(add=add, packed_const=packed_const, run_both=run_both, small_cnn=small_cnn,
-                                 tiny_transformer=tiny_transformer, assert_close=assert_close,
-                                 ort_outputs=ort_outputs)
+                                 residual_cnn=residual_cnn, tiny_transformer=tiny_transformer,
+                                 assert_close=assert_close, ort_outputs=ort_outputs)

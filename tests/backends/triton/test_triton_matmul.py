@@ -115,7 +115,7 @@ def test_packed_result_padding_holds_zeros(kit, device):
     g, feeds, want = _matmul_graph(kit, (5, 20), (20, 33), False, True, True, rng)
     exe = TritonExecutable(g, device=device, fuse=False)
     (buffer,) = exe.steps[0].run([torch.from_numpy(feeds["a"]).to(exe.torch_device),
-                                  exe._device_consts[exe.steps[0].ins[1]]])
+                                  exe._device_consts[exe.device, exe.steps[0].ins[1]]])
     full = buffer.cpu().numpy()
     assert full.shape == (1, 3, 16, 16)
     logical = full.transpose(0, 2, 1, 3).reshape(16, 48)
