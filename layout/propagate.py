@@ -450,6 +450,8 @@ def push_up(graph: Graph, pack_node: Node, target: Target) -> bool:
         _drop(graph, packs, value)
         return True
     sources = reshape_up(graph, producer, enc) if producer.op in RESHAPES else None
+    if sources is None and producer.op in RESHAPES and _relayout_behind(graph, producer, enc, target):
+        sources = reshape_up(graph, producer, enc)
     if sources is not None:
         for slot, source in enumerate(sources):
             graph.set_input(producer.name, slot, source)
@@ -507,6 +509,55 @@ def fold_or_cancel(graph: Graph, node: Node) -> bool:
     graph.replace_all_uses(out, replacement)
     graph.remove_node(node.name)
     return True
+
+
+def rewrite_writer(graph: Graph, packed: Value, want: PackedEncoding, target: Target) -> bool:
+    """Rule 2b: `packed`, read by nothing but one Unpack, is an anchor's result (through
+    Transposes that relabel it, each read once): the anchor writes `want` instead, relabeled
+    back through the Transposes, when its kernel can, so that a Pack to `want` after the
+    Unpack cancels. On the gpu target BERT's attention context is then written with the
+    heads inside the sequence blocks, and merging the heads (Transpose, Reshape) moves no data."""
+    transposes: list[Node] = []
+    v = packed
+    while True:
+        producer = _producer(graph, v)
+        if producer is None or len(graph.users(v)) != 1 or len(producer.outputs) != 1:
+            return False
+        if producer.op != "Transpose":
+            break
+        transposes.append(producer)
+        v = graph.inputs_of(producer.name)[0]
+    encodings = [want]
+    for node in transposes:  # from `packed` back to the anchor's result
+        t_in = graph.type_of(graph.inputs_of(node.name)[0])
+        perm = tuple(node.attrs.get("perm") or range(t_in.rank - 1, -1, -1))
+        encodings.append(encodings[-1].permuted(tuple(int(i) for i in np.argsort(perm))))
+    result = producer.outputs[0]
+    wanted = TensorType(result.shape, result.dtype, encodings[-1])
+    if producer.op not in target.anchors or not result.is_static or wanted.encoding.is_padded(result.shape):
+        return False  # (what an anchor leaves in padding is not what a Pack promises)
+    if result.encoding is not None and result.encoding.same_layout(wanted.encoding):
+        return False
+    if not target.writes(producer, wanted):
+        return False
+    producer.outputs[0] = wanted
+    for node, enc in zip(transposes, encodings[:-1]):
+        node.outputs[0] = TensorType(node.outputs[0].shape, node.outputs[0].dtype, enc)
+    return True
+
+
+def _relayout_behind(graph: Graph, reshape: Node, enc: PackedEncoding, target: Target) -> bool:
+    """Rule 2b behind a reshape: its input is Unpack(p), p's writer can write the layout the
+    reshape's Pack needs backwards (`reshape_encoding`), and now does."""
+    x = graph.inputs_of(reshape.name)[0]
+    t, out = graph.type_of(x), reshape.outputs[0]
+    if x is None or not (t.is_static and out.is_static) or t.encoding is not None:
+        return False
+    wanted = reshape_encoding(out.shape, t.shape, enc)
+    unpack_node = _producer(graph, x)
+    if wanted is None or unpack_node.op != UNPACK or len(graph.users(x)) != 1:
+        return False
+    return rewrite_writer(graph, graph.inputs_of(unpack_node.name)[0], wanted, target)
 
 
 def absorb(graph: Graph, node: Node, target: Target) -> bool:

@@ -1,4 +1,4 @@
-"""Issue 4's layout targets on real models (CPU target): no standalone runtime layout op on
+"""Issue 4's layout targets on real models (CPU target, and BERT on the gpu target): no standalone runtime layout op on
 ResNet-50 or an MLP, and none inside BERT's encoder layers; transposes that remain move no
 data (their result keeps their input's buffer)."""
 import pytest
@@ -54,6 +54,28 @@ def test_bert_runs_no_transpose_pack_or_unpack():
     assert g.op_counts()["Transpose"] == 60  # onnxruntime runs 48 of them as copies
     result = optimize(g, "cpu", verify=True)
     assert moving_layout_ops(result.after) == []
+
+
+@pytest.mark.slow
+def test_bert_on_the_gpu_target_moves_no_data_inside_its_encoder_layers():
+    """16x16 tiles: the embeddings are packed once, the mask once for all layers, and the last
+    layer's output unpacked (for the model's output and the pooler); every head split and
+    merge is a relabeling."""
+    import numpy as np
+
+    from tilefold.bench.models import bert_inputs
+
+    g = tilefold.load(bert())
+    result = optimize(g, "gpu", verify=True)
+    moving = moving_layout_ops(result.after)
+    assert sorted(m.split()[0] for m in moving) == ["Pack", "Pack", "Unpack"], moving
+    (unpack,) = [m.split()[1] for m in moving if m.startswith("Unpack")]
+    norms = [n.name for n in result.after.nodes() if n.op == "LayerNormalization"]
+    assert result.after.inputs_of(unpack)[0].node == norms[-1]  # the last layer's output
+    feeds = bert_inputs(np.random.default_rng(3))
+    want, got = tilefold.compile(g)(feeds), tilefold.compile(result.after)(feeds)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-4 * np.abs(want[name]).max())
 
 
 def test_an_mlp_on_the_gpu_target_tiles_its_biases_and_computes_the_same(tmp_path):

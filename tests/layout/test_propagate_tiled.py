@@ -377,6 +377,24 @@ def test_a_reduction_reads_padding_only_when_it_holds_the_reductions_identity(op
     assert wrong == []
 
 
+def test_merging_the_heads_moves_no_data_when_the_context_matmul_writes_the_merged_tiles():
+    """Heads of 64 (four 16-wide tiles each): attention's P.V writes its (1, heads, seq, d)
+    result with each head's tiles inside the sequence blocks (outer dims 0, 2, 1, 3), so the
+    head merge Transpose -> Reshape is a relabeling that the output projection reads as its
+    own tiles, instead of an Unpack per layer."""
+    seq, hidden, heads = 32, 128, 2
+    feeds = {"x0": RNG.standard_normal((1, seq, hidden)).astype(np.float32),
+             "mask": np.where(RNG.random((1, 1, seq, seq)) < 0.2, -1e4, 0).astype(np.float32)}
+    after = check(encoder(layers=2, seq=seq, hidden=hidden, heads=heads), feeds=feeds)
+    context = [n for n in after.nodes() if n.op == "MatMul" and n.outputs[0].shape == (1, heads, seq, 64)]
+    assert len(context) == 2 and all(n.outputs[0].encoding.outer_perm(4) == (0, 2, 1, 3) for n in context)
+    merges = [n for n in after.nodes() if n.op == "Reshape" and n.outputs[0].rank == 3]
+    assert len(merges) == 2 and all(n.outputs[0].encoding == PackedEncoding((1, 2), (16, 16), pad=0.0)
+                                    for n in merges)
+    left = runtime_layout_ops(after)
+    assert not any(n.startswith("Unpack") for n in left), left  # the mask's and the input's Packs are left
+
+
 class BlocksInOrderOnly(GpuTarget):
     """The gpu target without its strided block reads and writes: matmul operands only in
     the tiles it asked for."""
