@@ -61,6 +61,22 @@ def test_wider_transformer_layer(kit, device):
     kit.assert_close(TritonExecutable(g, device=device)({"x": x}), want, rtol=1e-4, atol=1e-4)
 
 
+def test_heads_of_several_tiles_merge_without_moving_data(kit, device):
+    """Heads of 32 (two 16-wide tiles): P.V writes the context with the heads inside the
+    sequence blocks, so no Unpack is left between attention and the output projection, and the
+    kernels reading and writing that order compute onnxruntime's result."""
+    model = kit.tiny_transformer(seed=4, batch=1, seq=32, dim=64, heads=2, ff=48)
+    x = np.random.default_rng(13).standard_normal((1, 32, 64)).astype(np.float32)
+    g = tilefold.optimize(tilefold.load(model), "gpu").graph
+    (context,) = [n for n in g.nodes() if n.op == "MatMul" and n.outputs[0].shape == (1, 2, 32, 32)
+                  and n.outputs[0].encoding.outer_perm(4) == (0, 2, 1, 3)]
+    layout_ops = [(n.op, g.node(g.inputs_of(n.name)[0].node).op) for n in g.nodes() if n.op in ("Pack", "Unpack")]
+    assert layout_ops == [("Pack", "Input"), ("Unpack", "LayerNormalization")]  # at the edges only
+    exe = TritonExecutable(g, device=device)
+    kit.assert_close(exe({"x": x}), kit.ort_outputs(model, {"x": x}), rtol=1e-4, atol=1e-4)
+    assert exe.fallback_nodes == []
+
+
 @pytest.mark.slow
 def test_resnet50_under_the_interpreter_matches_onnxruntime(kit):
     """The whole exported ResNet-50, optimized for the gpu target, every conv, pool and
