@@ -13,6 +13,7 @@ import os
 import onnx
 
 from ..graph.graph import Graph
+from . import onnx_prepare
 from .onnx_annotations import annotated_graph, read_annotations
 from .onnx_build import build_graph
 from .onnx_prepare import default_opset, prepare
@@ -36,7 +37,7 @@ def load_onnx(
     model it also is (`graph.meta["optimized_for"]` then names the file's target), to be
     planned again.
     """
-    source = read_model(model)
+    source = read_model(model, hold_out_bytes=onnx_prepare.STRIP_BYTES)
     proto = source.model
     load_external_data(source)
     check_wiring(proto.graph, source.label)
@@ -49,13 +50,13 @@ def load_onnx(
     }
     annotations = read_annotations(proto)
     if annotations is not None and (target is None or annotations.target == target):
-        graph = annotated_graph(proto, annotations, source.label)
+        graph = annotated_graph(proto, annotations, source.label, source.arrays)
         graph.meta.update({"source": meta["source"], "file_producer": meta["producer"]})
         return graph
     if annotations is not None:
         meta["optimized_for"] = annotations.target
-    prepared, large = prepare(proto, source.label)
+    prepared, large = prepare(proto, source.label, held=source.arrays.keys())
     name = proto.graph.name or (os.path.splitext(os.path.basename(source.path))[0] if source.path else "graph")
-    graph = build_graph(prepared, large, source.label, name, progress=progress)
+    graph = build_graph(prepared, large, source.label, name, progress=progress, arrays=source.arrays)
     graph.meta.update(meta)
     return graph

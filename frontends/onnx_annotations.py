@@ -24,7 +24,7 @@ import hashlib
 import importlib
 import json
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import onnx
@@ -227,17 +227,20 @@ def read_annotations(model: onnx.ModelProto) -> Annotations | None:
     return Annotations(props.get(KEY_TARGET) or None, props.get(KEY_VERSION), record)
 
 
-def annotated_graph(model: onnx.ModelProto, annotations: Annotations, label: str) -> Graph:
-    """The exact tilefold graph recorded in `model` (its external data already loaded)."""
+def annotated_graph(model: onnx.ModelProto, annotations: Annotations, label: str,
+                    arrays: Mapping[str, np.ndarray] | None = None) -> Graph:
+    """The exact tilefold graph recorded in `model` (its external data already loaded);
+    `arrays` holds initializers already read into arrays (onnx_read.Source.arrays)."""
     from ..graph.verify import verify_graph
     from .onnx_values import to_array
 
     tensors = {t.name: t for t in model.graph.initializer}
+    arrays = arrays or {}
 
     def initializer(name: str) -> np.ndarray:
         if name not in tensors:
             raise ModelError(f"{label}: tilefold annotations name initializer {name!r}, which the model lacks")
-        return to_array(tensors[name])
+        return arrays[name] if name in arrays else to_array(tensors[name])
 
     try:
         graph = rebuild_graph(annotations.record, initializer)

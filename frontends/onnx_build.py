@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import onnx
@@ -52,9 +52,11 @@ def build_graph(
     label: str,
     name: str,
     progress: bool = False,
+    arrays: Mapping[str, np.ndarray] | None = None,
 ) -> Graph:
-    """The Graph of a prepared model (see module docstring for the cases)."""
-    return _Builder(model, label, name).build(large, progress)
+    """The Graph of a prepared model (see module docstring for the cases). `arrays` holds
+    initializers already read into arrays (onnx_read.Source.arrays), by name."""
+    return _Builder(model, label, name).build(large, progress, arrays or {})
 
 
 class _Builder:
@@ -68,7 +70,7 @@ class _Builder:
         self.opsets = {e.domain: int(e.version) for e in model.opset_import}
         self.values: dict[str, Value] = {}
 
-    def build(self, large: dict[str, onnx.TensorProto], progress: bool) -> Graph:
+    def build(self, large: dict[str, onnx.TensorProto], progress: bool, arrays: Mapping[str, np.ndarray]) -> Graph:
         g, graph = self.model.graph, self.graph
         initializers: dict[str, Any] = {t.name: t for t in g.initializer}
         initializers.update(large)
@@ -78,7 +80,8 @@ class _Builder:
             if info.name not in initializers:
                 self.values[info.name] = graph.add_input(info.name, self._input_type(info))
         for tensor_name, tensor in initializers.items():  # (1)
-            self.values[tensor_name] = graph.add_constant(to_array(tensor), name=tensor_name)
+            value = arrays[tensor_name] if tensor_name in arrays else to_array(tensor)
+            self.values[tensor_name] = graph.add_constant(value, name=tensor_name)
         nodes = tqdm(g.node, desc=f"loading {graph.name}", unit="node", file=sys.stderr, disable=not progress)
         for index, node in enumerate(nodes):
             if node.op_type == "Constant" and node.domain in DEFAULT_DOMAINS:  # (3)

