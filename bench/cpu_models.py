@@ -81,22 +81,24 @@ def graph_variants() -> dict[str, GraphTransform]:
 
 def matmul_flops(graph: Graph) -> float:
     """2 x multiply-adds of every Conv, MatMul and Gemm, from the graph's static types."""
-    total = 0
-    for node in graph.nodes():
-        if node.op not in ("Conv", "MatMul", "Gemm"):
-            continue
-        ins = [graph.type_of(v) if v is not None else None for v in graph.inputs_of(node.name)]
-        out = node.outputs[0]
-        if not out.is_static or ins[0] is None or ins[1] is None or not ins[1].is_static:
-            continue
-        if node.op == "Conv":
-            k = int(np.prod(ins[1].shape[1:]))  # C/group x kernel
-        elif node.op == "MatMul":
-            k = int(ins[1].shape[-2]) if ins[1].rank >= 2 else int(ins[1].shape[0])
-        else:
-            k = int(ins[1].shape[1] if node.attrs.get("transB", 0) else ins[1].shape[0])
-        total += 2 * int(out.numel()) * k
-    return float(total)
+    return float(sum(node_flops(graph, node) for node in graph.nodes()))
+
+
+def node_flops(graph: Graph, node: Any) -> int:
+    """2 x the multiply-adds of one Conv, MatMul or Gemm (0 for other ops or dynamic shapes)."""
+    if node.op not in ("Conv", "MatMul", "Gemm"):
+        return 0
+    ins = [graph.type_of(v) if v is not None else None for v in graph.inputs_of(node.name)]
+    out = node.outputs[0]
+    if not out.is_static or ins[0] is None or ins[1] is None or not ins[1].is_static:
+        return 0
+    if node.op == "Conv":
+        k = int(np.prod(ins[1].shape[1:]))  # C/group x kernel
+    elif node.op == "MatMul":
+        k = int(ins[1].shape[-2]) if ins[1].rank >= 2 else int(ins[1].shape[0])
+    else:
+        k = int(ins[1].shape[1] if node.attrs.get("transB", 0) else ins[1].shape[0])
+    return 2 * int(out.numel()) * k
 
 
 def time_interleaved(

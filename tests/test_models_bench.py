@@ -31,3 +31,17 @@ def test_bench_model_times_every_runner_and_checks_its_outputs(tmp_path: Path) -
     table = cpu_models.format_table(rows)
     assert "tilefold plain" in table and "1.00x" in table  # onnxruntime against itself
     assert "ms in kernels" in cpu_models.format_top_ops(rows)
+
+
+def test_per_node_profile_times_every_step_and_counts_each_products_flops(tmp_path: Path) -> None:
+    from tilefold.backends.numpy import NumpyExecutable
+    from tilefold.bench import nodes
+
+    case = mlp_case(tmp_path)
+    exe = NumpyExecutable(tilefold.load(case.path))
+    best = nodes.best_times(exe, case.feeds, runs=2)
+    assert set(best) == {step.node.name for step in exe.steps} and all(t > 0 for t in best.values())
+    graph = exe.graph
+    per_node = [cpu_models.node_flops(graph, n) for n in graph.nodes()]
+    assert sum(per_node) == cpu_models.matmul_flops(graph) and sorted(f for f in per_node if f) == [
+        2 * 4 * 64 * 16, 2 * 4 * 32 * 64]
