@@ -90,7 +90,8 @@ def optimize(graph: Graph | str | os.PathLike, target: str = "cpu", *, verify: b
     With `device` (an ordered request such as "cuda,cpu" or "interp,cpu") and optionally
     `affinity` ({node-name glob or "op:Kind": request}), nodes are first placed on devices
     (backends/assign.py) and each device's own target plans its nodes (`target` is then not
-    used); `dims` sizes symbolic dims for the memory plan.
+    used); `dims` sizes symbolic dims for the memory plan, which, where Triton devices run
+    nodes of a graph of static shapes, is the one the Triton executor allocates.
     """
     import time
 
@@ -110,8 +111,15 @@ def optimize(graph: Graph | str | os.PathLike, target: str = "cpu", *, verify: b
     from .backends.plan import plan_memory
 
     result = place(graph, device or "cpu", affinity, verify=verify)
-    return Optimized(result.after, LayoutReport.from_result(result, load_seconds=load_seconds), result.before,
-                     Placement.of(result.after), plan_memory(result.after, dims))
+    placed = result.after
+    memory = None
+    if any(n.device not in (None, "cpu") for n in placed.nodes()) and all(
+            t.is_static for t in placed.input_types().values()):
+        from .backends.triton.executor import executor_memory
+
+        memory = executor_memory(placed, dims)  # what the Triton executor allocates: its fused schedule
+    return Optimized(placed, LayoutReport.from_result(result, load_seconds=load_seconds), result.before,
+                     Placement.of(placed), memory or plan_memory(placed, dims))
 
 
 def compile(graph: Graph, *, device: str | Sequence[str] = "cpu", affinity: Mapping[str, Any] | None = None,

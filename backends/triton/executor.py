@@ -119,6 +119,18 @@ DEVICE_NOTES = {
 """What each device is, for the CLI and reports to say."""
 
 
+def _schedule(groups: list[Group]) -> tuple[list[list[str]], set[str]]:
+    return [group.names for group in groups], {group.anchor.name for group in groups if group.kind == "view"}
+
+
+def executor_memory(graph: Graph, dims: Mapping[str, int] | None = None, fuse: bool = True) -> MemoryPlan:
+    """The memory plan a TritonExecutable of this placed graph allocates: planned with its
+    schedule (a fused kernel group reads and writes at one step) and its views, which the
+    graph-order plan (`plan_memory(graph)`) does not know about."""
+    schedule, views = _schedule(kernel_groups(graph, fuse))
+    return plan_memory(graph, dims, schedule=schedule, views=views)
+
+
 @dataclass
 class TritonDevice:
     """One Triton device of an executable: its canonical name, kind ("cuda" or "interp"),
@@ -213,8 +225,7 @@ class TritonExecutable:
                 self._outputs.append((node.attrs["name"], g.inputs_of(node.name)[0]))  # type: ignore[arg-type]
         groups = kernel_groups(g, fuse)
         where_run = {group.output.node: self._group_device(group) for group in groups}
-        self.schedule = [group.names for group in groups]
-        self.views = {group.anchor.name for group in groups if group.kind == "view"}
+        self.schedule, self.views = _schedule(groups)
         self.memory = memory or plan_memory(self._placed(groups, where_run), schedule=self.schedule,
                                             views=self.views)
         planned = {b.value: b for name, p in self.memory.devices.items() if name in self.devices for b in p.buffers}

@@ -197,3 +197,14 @@ def test_the_overlap_check_passes_and_catches_a_corrupted_plan(kit, name):
     with pytest.raises(VerifyError, match="share arena bytes on interp") as info:
         check_arena(bad)
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "transformer"])
+@pytest.mark.parametrize("request_", ["interp", "interp,cpu"])
+def test_optimize_reports_the_plan_the_executor_allocates(kit, name, request_):
+    """`tilefold.optimize(..., device=...)` plans with the Triton executor's fused schedule."""
+    g = tilefold.load(_models(kit)[name][0])
+    optimized = tilefold.optimize(g, device=request_)
+    exe = tilefold.compile(optimized.graph, device=request_)
+    assert optimized.memory.to_dict() == exe.memory.to_dict()
+    assert optimized.memory.devices["interp"].arena_bytes == exe.arenas["interp"].numel()

@@ -12,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import tilefold
 from tilefold.backends.plan import plan_memory
+from tilefold.backends.triton.executor import executor_memory
 from tilefold.cli import main
 from tilefold.graph.graph import CONSTANT
 
@@ -89,9 +90,10 @@ def test_a_weight_read_on_both_devices_is_packed_once_per_device(kit):
 
 def test_each_device_has_its_own_memory_plan(kit):
     opt = tilefold.optimize(tilefold.load(kit.small_cnn(seed=2)), device="cpu", affinity={"op:Conv": "interp"})
-    plan = plan_memory(opt.graph)
+    plan = executor_memory(opt.graph)  # the Triton executor's schedule: what it allocates
     assert set(plan.devices) == {"cpu", "interp"}
     assert opt.memory.to_dict() == plan.to_dict()
+    assert set(plan_memory(opt.graph).devices) == {"cpu", "interp"}  # in graph order: the same devices
     for name, device in plan.devices.items():
         assert device.buffers and all(opt.graph.node(b.value.node).device == name for b in device.buffers)
         assert device.peak_live_bytes <= device.arena_bytes <= device.naive_bytes
