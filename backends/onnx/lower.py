@@ -9,7 +9,8 @@ written as its ONNX op on logical values:
    session, so they cost nothing per run, and the buffer is stored once for both readers).
 3. A splat is `ConstantOfShape` (an initializer filled with the value where ConstantOfShape
    cannot hold its dtype).
-4. `Pack`/`Unpack` of a computed value are Identity: the values here are logical.
+4. `Pack`/`Unpack` of a computed value, and `Transfer` between devices, are Identity: the
+   values here are logical (where each node runs is kept in the annotations).
 5. `OnnxReference` is the ONNX node it was read from, rewired.
 6. Any other op is its ONNX node, attributes typed by the opset-21 schema; attributes the
    schema does not know (tilefold's own) live only in the annotations.
@@ -286,6 +287,7 @@ LOWER: dict[str, Rule] = {
     "Constant": _constant,
     "Pack": _identity,
     "Unpack": _identity,
+    "Transfer": _identity,
     "OnnxReference": _reference,
     "*": _standard,
 }

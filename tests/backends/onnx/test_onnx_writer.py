@@ -379,3 +379,29 @@ def test_written_file_gets_ordinary_permissions(mlp_path, tmp_path):
     out.chmod(0o640)
     tilefold.save(_graph_of(mlp_path), out)  # a rewrite keeps the old file's mode
     assert out.stat().st_mode & 0o777 == 0o640
+
+
+@pytest.mark.parametrize("form", ["logical", "packed"])
+def test_a_placed_graph_keeps_its_devices_and_transfers_in_the_file(tmp_path: Path, form: str) -> None:
+    """Where each node runs is kept from the model file: Transfers are written as Identity for
+    onnxruntime, and tilefold reads the placement back and runs it."""
+    import onnxruntime as ort
+
+    from tilefold.bench.models import mlp_model
+
+    graph = tilefold.load(mlp_model(batch=5, sizes=(20, 33, 7), seed=1))
+    placed = tilefold.optimize(graph, device="interp,cpu", affinity={"op:Relu": "cpu"})
+    path = tmp_path / f"placed.{form}.onnx"
+    tilefold.save(placed, path, form=form)
+    back = tilefold.load(path)
+    devices = {n.name: (n.op, n.device) for n in back.nodes() if n.op not in ("Input", "Output", "Constant")}
+    assert devices == {n.name: (n.op, n.device) for n in placed.graph.nodes()
+                       if n.op not in ("Input", "Output", "Constant")}
+    assert [op for op, _ in devices.values()].count("Transfer") == 4  # in, to the Relu, back, out
+    x = np.random.default_rng(21).standard_normal((5, 20)).astype(np.float32)
+    want = tilefold.compile(graph)({"x": x})["y"]
+    exe = tilefold.compile(back, device="interp,cpu")
+    np.testing.assert_allclose(exe({"x": x})["y"], want, rtol=1e-5, atol=1e-5)
+    assert exe.transfers == 4
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(session.run(None, {"x": x})[0], want, rtol=1e-5, atol=1e-5)
