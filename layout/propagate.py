@@ -5,7 +5,11 @@ down as it can go, since its consumers come later in the order):
 1. fold: Pack (or Unpack) of a constant becomes a packed constant at compile time; a packed
    splat stays a splat unless padding that must read zero would hold its value.
 2. cancel: Pack(Unpack(p)) with the same layout is p (refused when the padding differs:
-   padding must never change a result); Unpack(Pack(x)) is x.
+   padding must never change a result); Unpack(Pack(x)) is x. 2b: a Pack after a reshape
+   of Unpack(p), p in another layout than the reshape needs: the anchor that wrote p
+   (through relabeling Transposes, nothing else reading them) writes that layout instead,
+   when its kernel can, and the Pack moves up and cancels (`rewrite_writer`: BERT's head
+   merge on the gpu target).
 3. down: a node reading Unpack(p) runs on p instead, its results get the encodings its
    iteration signature maps p's encoding to, and Unpacks follow its packed results. Every
    other operand is a constant (packed at compile time), an Unpack of the mapped layout,
@@ -550,8 +554,10 @@ def _relayout_behind(graph: Graph, reshape: Node, enc: PackedEncoding, target: T
     """Rule 2b behind a reshape: its input is Unpack(p), p's writer can write the layout the
     reshape's Pack needs backwards (`reshape_encoding`), and now does."""
     x = graph.inputs_of(reshape.name)[0]
+    if x is None:
+        return False
     t, out = graph.type_of(x), reshape.outputs[0]
-    if x is None or not (t.is_static and out.is_static) or t.encoding is not None:
+    if not (t.is_static and out.is_static) or t.encoding is not None:
         return False
     wanted = reshape_encoding(out.shape, t.shape, enc)
     unpack_node = _producer(graph, x)
