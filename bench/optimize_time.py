@@ -31,7 +31,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -41,15 +41,6 @@ from tilefold.graph.registry import REGISTRY, infer
 
 MODELS = ("resnet50", "bert")
 CHAINS = ("conv-cpu", "conv-residual-cpu", "matmul-gpu")
-
-
-def _median_seconds(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
-    times, result = [], None
-    for _ in range(repeat):
-        start = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), result
 
 
 # ---- models ----------------------------------------------------------------------------------
@@ -90,12 +81,6 @@ def onnxruntime_session(path: os.PathLike | str, out_dir: str) -> Any:
     options.optimized_model_filepath = os.path.join(out_dir, "optimized.onnx")
     options.log_severity_level = 3
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-def onnxruntime_session_seconds(path: os.PathLike | str, repeat: int) -> float:
-    """Median time to create an ORT_ENABLE_ALL session that also writes its optimized model."""
-    with tempfile.TemporaryDirectory() as tmp:
-        return _median_seconds(lambda: onnxruntime_session(path, tmp), repeat)[0]
 
 
 def bench_model(name: str, path: os.PathLike | str, *, repeat: int, target: str = "cpu") -> ModelRow:

@@ -13,10 +13,9 @@ import os
 import onnx
 
 from ..graph.graph import Graph
-from . import onnx_prepare
 from .onnx_annotations import annotated_graph, read_annotations
 from .onnx_build import build_graph
-from .onnx_prepare import default_opset, prepare
+from .onnx_prepare import STRIP_BYTES, default_opset, prepare
 from .onnx_read import check_wiring, load_external_data, read_model
 
 __all__ = ["load_onnx"]
@@ -37,7 +36,7 @@ def load_onnx(
     model it also is (`graph.meta["optimized_for"]` then names the file's target), to be
     planned again.
     """
-    source = read_model(model, hold_out_bytes=onnx_prepare.STRIP_BYTES)
+    source = read_model(model, hold_out_bytes=STRIP_BYTES)
     proto = source.model
     load_external_data(source)
     check_wiring(proto.graph, source.label)

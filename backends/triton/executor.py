@@ -400,10 +400,7 @@ class TritonExecutable:
         target = self.devices[device].torch_device
         if _is_tensor(x):
             return x if x.device == target else self._count(x.to(target))
-        array = np.ascontiguousarray(x)
-        if not array.flags.writeable:  # a constant's (or an input's) read-only view: torch wants its own
-            array = array.copy()
-        return self._count(_from_numpy(array).to(target))
+        return self._count(_from_numpy(np.asarray(x)).to(target))
 
     def _host(self, x: Any) -> np.ndarray:
         """`x` in host memory, never a view of an arena (a counted transfer for a torch tensor)."""
@@ -554,6 +551,8 @@ def _is_tensor(x: Any) -> bool:
 
 
 def _from_numpy(array: np.ndarray) -> Any:
+    """A torch tensor of `array`, copied where it is read-only (a constant's or an input's view:
+    torch wants memory it may write)."""
     import torch
 
     array = np.ascontiguousarray(array)
