@@ -19,6 +19,7 @@ import numpy as np
 from ...graph.errors import InputError, TilefoldError, UnsupportedOpError, where
 from ...graph.graph import CONSTANT, INPUT, OUTPUT, Graph, Node
 from ...graph.types import TensorType, Value, as_array
+from .allocator import retain_freed_memory
 from .packed import build_kernel
 from .registry import KERNELS, KernelDef, KernelSpec, Run
 from . import kernels as _kernels  # noqa: F401  (registers the kernels)
@@ -77,6 +78,7 @@ class NumpyExecutable:
         self._outputs: list[tuple[str, int]] = []
         self.steps: list[Step] = []
         self._compile(allow_fallback)
+        retain_freed_memory()  # the kernels' temporaries would page-fault on every run otherwise
 
     # ---- compile ----------------------------------------------------------------------
     def _slot(self, value: Value) -> int:

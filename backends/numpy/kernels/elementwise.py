@@ -10,7 +10,7 @@ NumPy or SciPy would lose precision on (or lacks loops for) runs in float32.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import scipy.special
@@ -38,8 +38,8 @@ _ERF_DENOMINATOR = tuple(np.float32(c) for c in (
 ))
 
 
-def _horner(x2: np.ndarray, coefficients: tuple[np.float32, ...]) -> np.ndarray:
-    acc = np.multiply(x2, coefficients[0])
+def _horner(x2: np.ndarray, coefficients: Sequence[np.float32], out: np.ndarray | None = None) -> np.ndarray:
+    acc = np.multiply(x2, coefficients[0], out=out)
     for c in coefficients[1:-1]:
         acc += c
         acc *= x2
@@ -47,13 +47,15 @@ def _horner(x2: np.ndarray, coefficients: tuple[np.float32, ...]) -> np.ndarray:
     return acc
 
 
-def erf_float32(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """erf of a float32 array, within a few ulp (see above)."""
+def erf_float32(x: np.ndarray, out: np.ndarray | None = None, scale: float = 1.0) -> np.ndarray:
+    """scale * erf(x) for a float32 array, within a few ulp (see above); `out` may be `x`. A
+    power-of-two scale is exact: it scales the numerator's coefficients."""
     clipped = np.clip(x, np.float32(-4), np.float32(4))
     x2 = np.multiply(clipped, clipped)
-    numerator = _horner(x2, _ERF_NUMERATOR)
+    numerator = _horner(x2, [np.float32(c * scale) for c in _ERF_NUMERATOR])
     numerator *= clipped
-    return np.divide(numerator, _horner(x2, _ERF_DENOMINATOR), out=out)
+    denominator = _horner(x2, _ERF_DENOMINATOR, out=clipped)  # four buffers in all, not six
+    return np.divide(numerator, denominator, out=out)
 
 
 def _in_float32(fn: Unary, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
@@ -121,10 +123,16 @@ def _gelu(approximate: str) -> Unary:
             inner += x
             inner *= _SQRT_2_OVER_PI
             gate = np.tanh(inner, out=inner)
+            gate += 1
+            gate *= 0.5
+        elif x.dtype == np.float32:  # 0.5 + 0.5 erf: two passes fewer, the same bits
+            scaled = np.multiply(x, _SQRT_HALF)
+            gate = erf_float32(scaled, scaled, scale=0.5)
+            gate += 0.5
         else:
             gate = erf(np.multiply(x, _SQRT_HALF))
-        gate += 1
-        gate *= 0.5
+            gate += 1
+            gate *= 0.5
         return np.multiply(x, gate, out=gate if out is None else out)
 
     return run
@@ -157,12 +165,21 @@ def _is_inf(positive: bool, negative: bool) -> Unary:
     return run
 
 
+def _relu(x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """max(x, 0); on floats a clip to [0, inf], the same values (NaN stays NaN, -inf gives 0):
+    NumPy's maximum against a scalar misses its SIMD loop, 3x slower than clip (0.34 against
+    0.10 ms on 800k float32 here)."""
+    if x.dtype.kind == "f":
+        return np.clip(x, 0, np.inf, out=out)
+    return np.maximum(x, 0, out=out)
+
+
 def _ufunc(fn: np.ufunc) -> Callable[[dict], Unary]:
     return lambda attrs: lambda x, out: fn(x, out=out)
 
 
 UNARY: dict[str, Callable[[dict[str, Any]], Unary]] = {
-    "Relu": lambda a: lambda x, out: np.maximum(x, 0, out=out),
+    "Relu": lambda a: _relu,
     "LeakyRelu": lambda a: _leaky_relu(a.get("alpha", 0.01)),
     "Sigmoid": lambda a: _sigmoid,
     "HardSigmoid": lambda a: _hard_sigmoid(a.get("alpha", 0.2), a.get("beta", 0.5)),
