@@ -39,8 +39,10 @@ def test_per_node_profile_times_every_step_and_counts_each_products_flops(tmp_pa
 
     case = mlp_case(tmp_path)
     exe = NumpyExecutable(tilefold.load(case.path))
-    best = nodes.best_times(exe, case.feeds, runs=2)
-    assert set(best) == {step.node.name for step in exe.steps} and all(t > 0 for t in best.values())
+    times = nodes.best_times(exe, case.feeds, runs=2)
+    names = {step.node.name for step in exe.steps}
+    assert set(times.best) == names and all(t > 0 for t in times.best.values())
+    assert set(times.faults) == names and all(f >= 0 for f in times.faults.values())
     graph = exe.graph
     per_node = [cpu_models.node_flops(graph, n) for n in graph.nodes()]
     assert sum(per_node) == cpu_models.matmul_flops(graph) and sorted(f for f in per_node if f) == [
