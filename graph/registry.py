@@ -51,6 +51,9 @@ class OpDef:
     splat: Literal["elementwise", "movement"] | None = None
     static_value: Callable[[dict[str, Any], list[TensorType | None]], Any] | None = None
     forwards: int | None = None
+    broadcasts: bool = False
+    """Its operands broadcast NumPy-style (right-aligned) against its result, so layout
+    propagation may give a lower-rank constant operand the result's rank to pack it."""
     doc: str = ""
 
     def check_arity(self, n: int, node: object) -> None:

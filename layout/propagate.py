@@ -51,7 +51,7 @@ from ..graph.graph import CONSTANT, INPUT, OUTPUT, Graph, Node
 from ..graph.passes.cse import cse
 from ..graph.passes.dce import dce
 from ..graph.passes.pipeline import Pass, PassResult, PipelineLog, run_passes
-from ..graph.registry import signature
+from ..graph.registry import REGISTRY, signature
 from ..graph.signature import Signature
 from ..graph.types import Splat, TensorType, Value, as_array
 from .encoding import PackedEncoding, canonical, pack, refine, reshape_encoding, reshape_perm, unpack
@@ -121,6 +121,7 @@ def map_encoding(node: Node, sig: Signature, in_types: Sequence[TensorType | Non
     inner = [src[d] for d in enc.inner_dims_pos]
 
     ranked: dict[int, tuple[int, ...]] = {}
+    broadcasts = node.op in REGISTRY and REGISTRY[node.op].broadcasts
 
     def derive(letters: list[str | None] | None, shape: Sequence, slot: int | None) -> PackedEncoding | None | bool:
         if letters is None:
@@ -133,13 +134,17 @@ def map_encoding(node: Node, sig: Signature, in_types: Sequence[TensorType | Non
         if slot is None:
             if any(sig.kind(l) != "reduction" for l in missing):
                 return False  # only a reduction drops dims from a result
-        elif missing != order[: len(missing)] or any(l in tiles for l in missing):
+        own_rank = False
+        if slot is not None and (missing != order[: len(missing)] or any(l in tiles for l in missing)):
             full = sig.results[0]  # a lower-rank operand: as if left-padded with size-1 dims
-            if slot is None or full is None or len(full) <= len(letters) or None in full:
+            if full is None or len(full) <= len(letters) or None in full:
                 return False
             offset = len(full) - len(letters)
-            letters, shape = list(full[:offset]) + letters, (1,) * offset + tuple(shape)
-            ranked[slot] = shape
+            if broadcasts and list(full[offset:]) == letters:
+                letters, shape = list(full[:offset]) + letters, (1,) * offset + tuple(shape)
+                ranked[slot] = shape
+            else:
+                own_rank = True  # BatchNormalization's per-channel vectors: their rank is fixed
         perm = tuple(sorted(range(len(letters)), key=lambda d: order.index(letters[d])))
         pos = tuple(sorted((d for d in range(len(letters)) if letters[d] in tiles),
                            key=lambda d: inner.index(letters[d])))
@@ -147,7 +152,10 @@ def map_encoding(node: Node, sig: Signature, in_types: Sequence[TensorType | Non
         packed = PackedEncoding(pos, sizes, perm, enc.pad)
         if slot is None and all(isinstance(d, int) for d in shape) and packed.is_padded(shape):
             packed = packed.with_pad(None)  # what an op leaves in padding is not known
-        return canonical(packed, shape)
+        packed = canonical(packed, shape)
+        if own_rank and packed is not None:
+            return False  # read as it is only when its own layout would not change
+        return packed
 
     operands: list[PackedEncoding | None] = []
     for i, t in enumerate(in_types):

@@ -91,7 +91,7 @@ def _nary(name: str, *, variadic: bool = False, out_dtype: np.dtype | None = Non
     register(OpDef(
         name, infer=_nary_infer(name, out_dtype, same_type), signature=_elementwise_signature,
         layout="agnostic", splat="elementwise", min_inputs=1 if variadic else 2,
-        max_inputs=None if variadic else 2, defaults=defaults or {}, doc=doc,
+        max_inputs=None if variadic else 2, broadcasts=True, defaults=defaults or {}, doc=doc,
     ))
 
 
@@ -115,7 +115,7 @@ def _prelu_infer(attrs, types, consts):
 
 
 register(OpDef("PRelu", infer=_prelu_infer, signature=_elementwise_signature, layout="agnostic",
-               splat="elementwise", min_inputs=2, max_inputs=2,
+               splat="elementwise", min_inputs=2, max_inputs=2, broadcasts=True,
                doc="slope broadcasts to X (unidirectionally); the result has X's shape."))
 
 
@@ -128,7 +128,7 @@ def _where_infer(attrs, types, consts):
 
 
 register(OpDef("Where", infer=_where_infer, signature=_elementwise_signature, layout="agnostic",
-               splat="elementwise", min_inputs=3, max_inputs=3))
+               splat="elementwise", min_inputs=3, max_inputs=3, broadcasts=True))
 
 
 def _clip_infer(attrs, types, consts):

@@ -98,7 +98,7 @@ def _layernorm_signature(attrs, types, outs, consts=None):
 
 register(OpDef(
     "LayerNormalization", infer=_layernorm_infer, signature=_layernorm_signature,
-    layout="sensitive", min_inputs=2, max_inputs=3,
+    layout="sensitive", min_inputs=2, max_inputs=3, broadcasts=True,
     defaults={"axis": -1, "epsilon": _f32(1e-5), "stash_type": 1},
     doc="Normalizes over dims axis..rank-1. infer returns Y, Mean and InvStdDev (shape of X "
         "with the normalized dims 1, element type stash_type); a node takes its prefix.",
