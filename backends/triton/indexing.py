@@ -66,6 +66,7 @@ def offset(t: TensorType, index: Sequence[str | None]) -> str:
     for d, i in enumerate(index):
         if i is None:
             continue
+        before = len(terms)
         if d in tiles:
             tile = tiles[d]
             if phys[outer_axis[d]] > 1:
@@ -74,6 +75,8 @@ def offset(t: TensorType, index: Sequence[str | None]) -> str:
                 terms.append(_term(f"({_paren(i)} % {tile})", strides[inner_axis[d]]))
         elif phys[outer_axis[d]] > 1:
             terms.append(_term(_paren(i), strides[outer_axis[d]]))
+        if len(terms) == before:  # a dim of one element: no address, but the index's block shape,
+            terms.append(f"0 * {_paren(i)}")  # which a masked load or store needs in its pointer
     return " + ".join(terms) or "0"
 
 

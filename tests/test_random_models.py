@@ -4,9 +4,11 @@ Hypothesis builds small models from the ops that layout propagation moves packs 
 (convolutions of any size and stride, depthwise ones, pools, channel affines, BatchNorm,
 residual adds, Concat and Split on channels, Transpose, Reshape, Flatten, MatMul and Gemm on
 constant weights, batched MatMul, Softmax, LayerNorm, reductions), with awkward sizes and
-values read by several consumers. Each model runs four ways on the NumPy backend (plain,
-optimized for cpu, optimized for gpu; the verifier after every pass) against onnxruntime, on
-fresh random inputs and weights.
+values read by several consumers. Each model runs on the NumPy backend plain and optimized
+for cpu and for gpu (the verifier after every pass), and its optimized graphs are written as
+ONNX in both forms, run by onnxruntime and read back; the gpu graph also runs on the Triton
+backend under its interpreter: every way against onnxruntime on the original model, on fresh
+random inputs and weights.
 """
 from __future__ import annotations
 
@@ -16,11 +18,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnxruntime as ort
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import tilefold
+from tilefold.backends.onnx.lower import FORMS, lower
 
 RTOL = 1e-4  # of the output's largest magnitude: Winograd and blocked sums reorder float32 adds
 
@@ -233,20 +236,55 @@ def _error(out: np.ndarray, ref: np.ndarray) -> float:
     return float(np.abs(out.astype(np.float64) - ref).max(initial=0.0)) / max(1.0, float(np.abs(ref).max(initial=0.0)))
 
 
+def _reference(model, shape: tuple[int, ...], seed: int) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Fresh inputs for `model` and onnxruntime's outputs on them (the model is printed
+    with a failing example)."""
+    note(helper.printable_graph(model.graph))
+    feeds = {"x": np.random.default_rng(seed).standard_normal(shape).astype(np.float32)}
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return feeds, dict(zip(names, session.run(None, feeds)))
+
+
+def _check(label: str, outputs: dict[str, np.ndarray], reference: dict[str, np.ndarray], model) -> None:
+    for name, want in reference.items():
+        assert outputs[name].shape == want.shape, (label, name)
+        assert _error(outputs[name], want) < RTOL, (label, name, [n.op_type for n in model.graph.node])
+
+
 @given(random_model(), st.integers(0, 2**32 - 1))
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_optimized_random_graphs_match_onnxruntime(case, seed):
     model, shape = case
-    x = np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    reference = dict(zip(names, session.run(None, {"x": x})))
+    feeds, reference = _reference(model, shape, seed)
     plain = tilefold.load(model)
     graphs = {"plain": plain}
     for target in ("cpu", "gpu"):
         graphs[target] = tilefold.optimize(plain, target, verify=True).graph
     for label, graph in graphs.items():
-        outputs = tilefold.compile(graph)({"x": x})
-        for name in names:
-            assert outputs[name].shape == reference[name].shape, (label, name)
-            assert _error(outputs[name], reference[name]) < RTOL, (label, name, [n.op_type for n in model.graph.node])
+        _check(label, tilefold.compile(graph)(feeds), reference, model)
+
+
+@given(random_model(), st.integers(0, 2**32 - 1))
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_optimized_random_graphs_written_as_onnx_run_in_onnxruntime_and_read_back(case, seed):
+    model, shape = case
+    feeds, reference = _reference(model, shape, seed)
+    for target in ("cpu", "gpu"):
+        optimized = tilefold.optimize(tilefold.load(model), target).graph
+        for form in FORMS:
+            written = lower(optimized, form=form).model
+            session = ort.InferenceSession(written.SerializeToString(), providers=["CPUExecutionProvider"])
+            ran = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+            _check(f"onnxruntime on the {form} form for {target}", ran, reference, model)
+            _check(f"tilefold on the {form} form for {target}", tilefold.compile(tilefold.load(written))(feeds),
+                   reference, model)
+
+
+@given(random_model(), st.integers(0, 2**32 - 1))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_random_graphs_optimized_for_the_gpu_run_on_the_triton_interpreter(case, seed):
+    model, shape = case
+    feeds, reference = _reference(model, shape, seed)
+    optimized = tilefold.optimize(tilefold.load(model), "gpu").graph
+    _check("interp", tilefold.compile(optimized, device="interp,cpu")(feeds), reference, model)
