@@ -124,6 +124,8 @@ class GpuTarget(Target):
             return AnchorLayout((act, weight) + bias, act, reads_identity=True)
         if node.op == "MatMul" and all(x is not None and x.rank >= 2 for x in in_types[:2]):
             a, b = in_types[0], in_types[1]
+            if not all(isinstance(d, int) for x in (a, b, node.outputs[0]) for d in x.shape[-2:]):
+                return None  # a symbolic row count tiled could not be told from its padded buffer
             tiles_a = PackedEncoding((a.rank - 2, a.rank - 1), (t, t))
             tiles_b = PackedEncoding((b.rank - 2, b.rank - 1), (t, t))
             out = node.outputs[0]

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import tilefold
+from tilefold.graph import TilefoldError
 from tilefold.backends.onnx.lower import FORMS, lower
 
 RTOL = 1e-4  # of the output's largest magnitude: Winograd and blocked sums reorder float32 adds
@@ -59,16 +60,18 @@ def _conv(b: Builder, x: str, draw) -> str:
     n, c, h, w = b.shapes[x]
     k = draw(st.sampled_from([1, 3] if min(h, w) >= 3 else [1]))
     stride = draw(st.sampled_from([1, 2]))
-    pad = draw(st.sampled_from([0, 1])) if k == 3 else 0
-    depthwise = c > 1 and draw(st.booleans())
-    f = c if depthwise else draw(st.sampled_from([4, 8, 16, 17, 32]))
-    group = c if depthwise else 1
-    inputs = [x, b.weight((f, c // group, k, k), c // group * k * k)]
+    dilation = draw(st.sampled_from([1, 2])) if k == 3 and min(h, w) >= 5 else 1
+    pads = [draw(st.integers(0, 1)) for _ in range(4)] if k == 3 else [0] * 4
+    groups = draw(st.sampled_from([1, c] + ([2] if c % 2 == 0 else [])))
+    f = c if groups == c and groups > 1 else groups * draw(st.sampled_from([2, 4, 8, 16, 17, 32]))
+    inputs = [x, b.weight((f, c // groups, k, k), c // groups * k * k)]
     if draw(st.booleans()):
         inputs.append(b.weight((f,), 4))
-    oh, ow = (h + 2 * pad - k) // stride + 1, (w + 2 * pad - k) // stride + 1
+    span = dilation * (k - 1) + 1
+    oh = (h + pads[0] + pads[2] - span) // stride + 1
+    ow = (w + pads[1] + pads[3] - span) // stride + 1
     return b.node("Conv", inputs, (n, f, oh, ow), kernel_shape=[k, k], strides=[stride, stride],
-                  pads=[pad] * 4, group=group)
+                  dilations=[dilation, dilation], pads=pads, group=groups)
 
 
 def _pool(b: Builder, x: str, draw) -> str:
@@ -91,15 +94,22 @@ def _channel_affine(b: Builder, x: str, draw) -> str:
 
 
 def _unary(b: Builder, x: str, draw) -> str:
-    op = draw(st.sampled_from(["Relu", "Sigmoid", "Tanh", "Erf", "Neg"]))
-    return b.node(op, [x], b.shapes[x])
+    op = draw(st.sampled_from(["Relu", "Sigmoid", "Tanh", "Erf", "Neg", "Abs", "Gelu", "LeakyRelu", "Clip", "Exp"]))
+    if op == "Clip":
+        return b.node(op, [x, b.const(np.float32(0)), b.const(np.float32(1.5))], b.shapes[x])
+    if op == "Exp":  # of a bounded value
+        x = b.node("Tanh", [x], b.shapes[x])
+    return b.node(op, [x], b.shapes[x], **({"alpha": 0.2} if op == "LeakyRelu" else {}))
 
 
 def _binary(b: Builder, x: str, draw) -> str | None:
     """x with another value of its shape (a residual add), or with itself."""
     others = [v for v, s in b.shapes.items() if s == b.shapes[x] and v != x]
     other = draw(st.sampled_from(others)) if others else x
-    return b.node(draw(st.sampled_from(["Add", "Mul", "Sub"])), [x, other], b.shapes[x])
+    op = draw(st.sampled_from(["Add", "Mul", "Sub", "Div", "Max"]))
+    if op == "Div":  # by a value away from zero
+        other = b.node("Add", [b.node("Abs", [other], b.shapes[other]), b.const(np.float32(1))], b.shapes[other])
+    return b.node(op, [x, other], b.shapes[x])
 
 
 def _concat_split(b: Builder, x: str, draw) -> str:
@@ -152,7 +162,7 @@ def _matmul(b: Builder, x: str, draw) -> str:
 
 def _row_op(b: Builder, x: str, draw) -> str:
     shape = b.shapes[x]
-    op = draw(st.sampled_from(["Softmax", "LayerNormalization", "ReduceMean", "ReduceSum"]))
+    op = draw(st.sampled_from(["Softmax", "LayerNormalization", "ReduceMean", "ReduceSum", "ReduceMax"]))
     axis = draw(st.sampled_from([-1, 1])) if op != "LayerNormalization" else -1
     if op == "LayerNormalization":
         return b.node(op, [x, b.weight((shape[-1],), 1), b.weight((shape[-1],), 1)], shape, axis=-1)
@@ -161,6 +171,16 @@ def _row_op(b: Builder, x: str, draw) -> str:
     reduced = list(shape)
     reduced[axis] = 1
     return b.node(op, [x, b.const_int([axis])], tuple(reduced), keepdims=1)
+
+
+def _unsqueeze(b: Builder, x: str, draw) -> str:
+    """A size-1 dim in, and out again (Unsqueeze -> op -> Squeeze)."""
+    shape = b.shapes[x]
+    axis = draw(st.integers(0, len(shape)))
+    wider = shape[:axis] + (1,) + shape[axis:]
+    y = b.node("Unsqueeze", [x, b.const_int([axis])], wider)
+    y = b.node("Relu", [y], wider)
+    return b.node("Squeeze", [y, b.const_int([axis])], shape)
 
 
 def _slice(b: Builder, x: str, draw) -> str:
@@ -195,8 +215,9 @@ def _const_int(self: Builder, values: list[int]) -> str:
 Builder.const_int = _const_int  # type: ignore[attr-defined]
 
 IMAGE_OPS = [_conv, _conv, _pool, _channel_affine, _unary, _binary, _concat_split, _transpose, _reshape,
-             _row_op, _slice, _pad]
-SEQUENCE_OPS = [_matmul, _matmul, _unary, _binary, _channel_affine, _transpose, _reshape, _row_op, _slice]
+             _row_op, _slice, _pad, _unsqueeze]
+SEQUENCE_OPS = [_matmul, _matmul, _unary, _binary, _channel_affine, _transpose, _reshape, _row_op, _slice,
+                _unsqueeze]
 
 
 @st.composite
@@ -212,7 +233,7 @@ def random_model(draw):
         shape = (draw(st.sampled_from([1, 3, 8])), draw(st.sampled_from([8, 16, 20, 33])))
     b.shapes["x"] = shape
     x = "x"
-    for _ in range(draw(st.integers(1, 7))):
+    for _ in range(draw(st.integers(1, 10))):
         rank = len(b.shapes[x])
         ops = IMAGE_OPS if rank == 4 and min(b.shapes[x][2:]) >= 2 else SEQUENCE_OPS
         if rank < 2:
@@ -222,14 +243,19 @@ def random_model(draw):
     extra = [v for v in b.shapes if v not in ("x", x)]
     if extra and draw(st.booleans()):
         outputs.append(draw(st.sampled_from(extra)))  # read by an output and by later nodes
+    symbolic = draw(st.booleans()) and draw(st.booleans())  # a batch dim named N, outputs' shapes left to inference
     graph = helper.make_graph(
         b.nodes, "random",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
-        [helper.make_tensor_value_info(o, TensorProto.FLOAT, list(b.shapes[o])) for o in outputs],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", *shape[1:]] if symbolic else list(shape))],
+        [helper.make_tensor_value_info(o, TensorProto.FLOAT, None if symbolic else list(b.shapes[o])) for o in outputs],
         b.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     model.ir_version = 10
     return model, shape
+
+
+def symbolic(model) -> bool:
+    return any(d.dim_param for d in model.graph.input[0].type.tensor_type.shape.dim)
 
 
 def _error(out: np.ndarray, ref: np.ndarray) -> float:
@@ -273,7 +299,11 @@ def test_optimized_random_graphs_written_as_onnx_run_in_onnxruntime_and_read_bac
     for target in ("cpu", "gpu"):
         optimized = tilefold.optimize(tilefold.load(model), target).graph
         for form in FORMS:
-            written = lower(optimized, form=form).model
+            try:
+                written = lower(optimized, form=form).model
+            except TilefoldError as exc:  # refused in one line, never written wrong
+                assert form == "packed" and symbolic(model) and "symbolic dims" in str(exc), exc
+                continue
             session = ort.InferenceSession(written.SerializeToString(), providers=["CPUExecutionProvider"])
             ran = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
             _check(f"onnxruntime on the {form} form for {target}", ran, reference, model)

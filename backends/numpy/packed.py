@@ -31,7 +31,7 @@ from ...graph.errors import TilefoldError, where
 from ...graph.types import Splat, TensorType
 from ...layout.encoding import PackedEncoding
 from .kernels import packed_conv, packed_layout, packed_linalg, packed_nn, packed_reduce, packed_tensor  # noqa: F401
-from .kernels.packed_layout import as_encoding, pack_buffer, same_buffer, unpack_buffer
+from .kernels.packed_layout import as_encoding, logical_shape, pack_buffer, same_buffer, unpack_buffer
 from .registry import KERNELS, KernelDef, KernelSpec, Run
 
 _ELEMENTWISE_VIEWS = frozenset({"Identity", "Cast"})
@@ -198,14 +198,16 @@ def _unpacked(kdef: KernelDef, spec: KernelSpec) -> Run:
     plain = logical_spec(spec)
     run = kdef.build(plain)
     for t in (*spec.in_types, *spec.out_types):
-        if t is not None and t.encoding is not None and not t.is_static:
-            raise TilefoldError(f"{where(spec.node)}: {t} has a symbolic dim; its packed buffer cannot be unpacked")
+        if t is not None and t.encoding is not None and any(
+                isinstance(n, str) and d in t.encoding.tiles() for d, n in enumerate(t.shape)):
+            raise TilefoldError(f"{where(spec.node)}: {t} tiles a symbolic dim; its packed buffer cannot be unpacked")
     ins = [(None if t is None or t.encoding is None else (t.encoding, tuple(t.shape))) for t in spec.in_types]
     outs = [t.encoding for t in spec.out_types]
     single = len(outs) == 1
 
     def unpacked(*args: Any, out: np.ndarray | None = None) -> Any:
-        logical = [a if i is None or a is None else unpack_buffer(a, *i) for a, i in zip(args, ins)]
+        logical = [a if i is None or a is None else unpack_buffer(a, i[0], logical_shape(a, *i))
+                   for a, i in zip(args, ins)]
         result = run(*logical)
         return _wrap([r if e is None else pack_buffer(np.asarray(r), e) for r, e in zip(_results(result), outs)],
                      single)

@@ -9,8 +9,9 @@ written as its ONNX op on logical values:
    session, so they cost nothing per run, and the buffer is stored once for both readers).
 3. A splat is `ConstantOfShape` (an initializer filled with the value where ConstantOfShape
    cannot hold its dtype).
-4. `Pack`/`Unpack` of a computed value, and `Transfer` between devices, are Identity: the
-   values here are logical (where each node runs is kept in the annotations).
+4. `Pack`/`Unpack` of a computed value, and `Transfer` between devices, write nothing: the
+   values here are logical, so they keep their source's name (an output's name goes to the
+   source; where each node runs is kept in the annotations).
 5. `OnnxReference` is the ONNX node it was read from, rewired.
 6. Any other op is its ONNX node, attributes typed by the opset-21 schema; attributes the
    schema does not know (tilefold's own) live only in the annotations.
@@ -170,6 +171,10 @@ class Lowering:
             self.used.add(name)
         for out, value in zip(graph.outputs, graph.output_values()):
             name = graph.node(out).attrs["name"]
+            while self.rules.get(graph.node(value.node).op) is _identity:  # the name goes to the source
+                source = graph.inputs_of(value.node)[0]
+                assert source is not None
+                value = source
             if graph.node(value.node).op not in ("Input", "Constant") and value not in claimed:
                 claimed[value] = name
         return claimed
@@ -234,10 +239,10 @@ def _splat(self: Lowering, value: Splat, t: TensorType, name: str) -> str:
 
 
 def _identity(self: Lowering, node: Node, claimed: dict[Value, str]) -> None:  # (4)
+    """The source's own name: no node (onnxruntime 1.32's basic optimizations reject some
+    models with an Identity beside a Transpose, and an Identity is no work anyway)."""
     (source,) = self.graph.inputs_of(node.name)
-    out = Value(node.name)
-    name = claimed.get(out) or self.value_name(node, 0)
-    self.names[out] = self.emit("Identity", [self.names[source]], name, outputs=[name])
+    self.names[Value(node.name)] = self.names[source]
 
 
 def _reference(self: Lowering, node: Node, claimed: dict[Value, str]) -> None:  # (5)

@@ -188,11 +188,11 @@ def _layout_change(spec: KernelSpec, unpacking: bool) -> Run:
         physical = target.encoding.physical_shape(shape) if target.encoding is not None else shape
         return lambda p: p.reshape(physical)
     if unpacking:
-        return lambda p: unpack_buffer(p, source.encoding, _logical_shape(p, source.encoding, shape))
+        return lambda p: unpack_buffer(p, source.encoding, logical_shape(p, source.encoding, shape))
     return lambda x: pack_buffer(x, target.encoding)
 
 
-def _logical_shape(p: np.ndarray, enc: PackedEncoding, shape: Sequence[Any]) -> tuple[int, ...]:
+def logical_shape(p: np.ndarray, enc: PackedEncoding, shape: Sequence[Any]) -> tuple[int, ...]:
     """The static dims of `shape`; a symbolic one read from the buffer (untiled dims only)."""
     if all(isinstance(d, int) for d in shape):
         return tuple(shape)
