@@ -168,9 +168,32 @@ def _row_op(b: Builder, x: str, draw) -> str:
         return b.node(op, [x, b.weight((shape[-1],), 1), b.weight((shape[-1],), 1)], shape, axis=-1)
     if op == "Softmax":
         return b.node(op, [x], shape, axis=axis)
-    reduced = list(shape)
-    reduced[axis] = 1
-    return b.node(op, [x, b.const_int([axis])], tuple(reduced), keepdims=1)
+    axes = sorted({axis % len(shape)} | ({len(shape) - 1} if draw(st.booleans()) else set()))
+    keep = draw(st.sampled_from([1, 1, 0]))
+    reduced = tuple(1 if d in axes else n for d, n in enumerate(shape) if keep or d not in axes)
+    if len(reduced) < 2:
+        keep, reduced = 1, tuple(1 if d in axes else n for d, n in enumerate(shape))
+    return b.node(op, [x, b.const_int(axes)], reduced, keepdims=keep)
+
+
+def _select(b: Builder, x: str, draw) -> str:
+    """Where(x > 0, x, other), or Expand of a size-1 dim, or a Gather of rows."""
+    shape = b.shapes[x]
+    kind = draw(st.sampled_from(["where", "expand", "gather"]))
+    if kind == "where":
+        mask = b.name("mask")  # a bool value: not in b.shapes, so no float op takes it
+        b.nodes.append(helper.make_node("Greater", [x, b.const(np.float32(0))], [mask]))
+        return b.node("Where", [mask, x, b.weight(shape[1:], 1)], shape)
+    if kind == "expand":
+        axis = draw(st.integers(0, len(shape) - 1))
+        narrow = tuple(1 if d == axis else n for d, n in enumerate(shape))
+        y = b.node("ReduceMean", [x, b.const_int([axis])], narrow, keepdims=1)
+        return b.node("Expand", [y, b.const_int(list(shape))], shape)
+    axis = draw(st.integers(0, len(shape) - 1))
+    picks = b.rng.integers(-shape[axis], shape[axis], draw(st.integers(1, 4)))
+    index = b.name("idx")
+    b.inits.append(numpy_helper.from_array(picks.astype(np.int64), index))
+    return b.node("Gather", [x, index], shape[:axis] + (len(picks),) + shape[axis + 1:], axis=axis)
 
 
 def _unsqueeze(b: Builder, x: str, draw) -> str:
@@ -215,9 +238,9 @@ def _const_int(self: Builder, values: list[int]) -> str:
 Builder.const_int = _const_int  # type: ignore[attr-defined]
 
 IMAGE_OPS = [_conv, _conv, _pool, _channel_affine, _unary, _binary, _concat_split, _transpose, _reshape,
-             _row_op, _slice, _pad, _unsqueeze]
+             _row_op, _slice, _pad, _unsqueeze, _select]
 SEQUENCE_OPS = [_matmul, _matmul, _unary, _binary, _channel_affine, _transpose, _reshape, _row_op, _slice,
-                _unsqueeze]
+                _unsqueeze, _select]
 
 
 @st.composite
@@ -234,6 +257,8 @@ def random_model(draw):
     b.shapes["x"] = shape
     x = "x"
     for _ in range(draw(st.integers(1, 10))):
+        if draw(st.integers(0, 3)) == 0:  # branch off an earlier value: several consumers
+            x = draw(st.sampled_from(sorted(b.shapes)))
         rank = len(b.shapes[x])
         ops = IMAGE_OPS if rank == 4 and min(b.shapes[x][2:]) >= 2 else SEQUENCE_OPS
         if rank < 2:
