@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnxruntime as ort
-import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
@@ -44,6 +43,11 @@ class Builder:
     def const(self, array: np.ndarray) -> str:
         name = self.name("w")
         self.inits.append(numpy_helper.from_array(np.asarray(array, np.float32), name))
+        return name
+
+    def const_int(self, values: list[int]) -> str:
+        name = self.name("i")
+        self.inits.append(numpy_helper.from_array(np.array(values, np.int64), name))
         return name
 
     def weight(self, shape: tuple[int, ...], fan_in: int) -> str:
@@ -102,7 +106,7 @@ def _unary(b: Builder, x: str, draw) -> str:
     return b.node(op, [x], b.shapes[x], **({"alpha": 0.2} if op == "LeakyRelu" else {}))
 
 
-def _binary(b: Builder, x: str, draw) -> str | None:
+def _binary(b: Builder, x: str, draw) -> str:
     """x with another value of its shape (a residual add), or with itself."""
     others = [v for v, s in b.shapes.items() if s == b.shapes[x] and v != x]
     other = draw(st.sampled_from(others)) if others else x
@@ -228,14 +232,6 @@ def _pad(b: Builder, x: str, draw) -> str:
     mode = draw(st.sampled_from(["constant", "edge"]))
     return b.node("Pad", [x, b.const_int(pads)], tuple(shape), mode=mode)
 
-
-def _const_int(self: Builder, values: list[int]) -> str:
-    name = self.name("i")
-    self.inits.append(numpy_helper.from_array(np.array(values, np.int64), name))
-    return name
-
-
-Builder.const_int = _const_int  # type: ignore[attr-defined]
 
 IMAGE_OPS = [_conv, _conv, _pool, _channel_affine, _unary, _binary, _concat_split, _transpose, _reshape,
              _row_op, _slice, _pad, _unsqueeze, _select]
