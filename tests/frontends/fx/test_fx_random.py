@@ -147,10 +147,19 @@ def test_random_modules_compiled_with_tilefold_match_eager(case):
     model, x = case
     with torch.no_grad():
         want = model(x)
+        bigger = torch.randn(x.shape[0] + 1, *x.shape[1:])  # a new batch size: a recompilation
+        try:
+            want_bigger = model(bigger)
+        except RuntimeError:  # the batch dim was permuted into a weight's dim
+            want_bigger = None
         for target in ("cpu", "gpu"):
             torch._dynamo.reset()
-            got = torch.compile(model, backend=fx_backend.backend(target=target))(x)
+            compiled = torch.compile(model, backend=fx_backend.backend(target=target))
+            got = compiled(x)
             assert got.shape == want.shape and _error(got, want) < RTOL, target
+            if want_bigger is not None:
+                got = compiled(bigger)
+                assert got.shape == want_bigger.shape and _error(got, want_bigger) < RTOL, f"{target}, new shape"
         graph = tilefold.from_torch(model, (x,))
         for target in ("cpu", "gpu"):
             out = tilefold.compile(tilefold.optimize(graph, target, verify=True).graph)(
