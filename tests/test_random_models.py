@@ -91,10 +91,21 @@ def _conv(b: Builder, x: str, draw) -> str:
 
 def _pool(b: Builder, x: str, draw) -> str:
     n, c, h, w = b.shapes[x]
-    op = draw(st.sampled_from(["MaxPool", "AveragePool"]))
-    if min(h, w) >= 3 and draw(st.booleans()):
-        return b.node(op, [x], (n, c, h, w), kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1],
-                      **({"count_include_pad": 0} if op == "AveragePool" else {}))
+    op = draw(st.sampled_from(["MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LRN"]))
+    if op.startswith("Global"):
+        return b.node(op, [x], (n, c, 1, 1))
+    if op == "LRN":
+        return b.node(op, [x], (n, c, h, w), size=draw(st.sampled_from([3, 5])), alpha=1e-2, beta=0.75, bias=1.0)
+    average = {"count_include_pad": draw(st.sampled_from([0, 1]))} if op == "AveragePool" else {}
+    kind = draw(st.sampled_from(["same", "half", "ceil", "auto"]))
+    if kind == "same" and min(h, w) >= 3:
+        return b.node(op, [x], (n, c, h, w), kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1], **average)
+    if kind == "ceil" and min(h, w) >= 3:  # 3x3 windows every 2 pixels, the last one partial
+        return b.node(op, [x], (n, c, -(-(h - 3) // 2) + 1, -(-(w - 3) // 2) + 1), kernel_shape=[3, 3],
+                      strides=[2, 2], ceil_mode=1, **average)
+    if kind == "auto":  # SAME_UPPER: ceil(size / stride) outputs
+        return b.node(op, [x], (n, c, -(-h // 2), -(-w // 2)), kernel_shape=[3, 3], strides=[2, 2],
+                      auto_pad="SAME_UPPER", **average)
     return b.node(op, [x], (n, c, h // 2, w // 2), kernel_shape=[2, 2], strides=[2, 2])
 
 
@@ -166,7 +177,8 @@ def _matmul(b: Builder, x: str, draw) -> str:
     if len(shape) == 2 and draw(st.booleans()):
         trans = draw(st.booleans())
         w = b.weight((e, k) if trans else (k, e), k)
-        return b.node("Gemm", [x, w, b.weight((e,), 4)], (shape[0], e), transB=int(trans))
+        scale = {"alpha": 0.5, "beta": 2.0} if draw(st.booleans()) else {}
+        return b.node("Gemm", [x, w, b.weight((e,), 4)], (shape[0], e), transB=int(trans), **scale)
     if len(shape) >= 3 and draw(st.booleans()):  # batched: x @ x^T over the last two dims
         perm = list(range(len(shape) - 2)) + [len(shape) - 1, len(shape) - 2]
         xt = b.node("Transpose", [x], tuple(shape[p] for p in perm), perm=perm)
