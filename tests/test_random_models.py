@@ -7,11 +7,12 @@ constant weights, batched MatMul, Softmax, LayerNorm, reductions), with awkward 
 values read by several consumers. Each model runs on the NumPy backend plain and optimized
 for cpu and for gpu (the verifier after every pass), and its optimized graphs are written as
 ONNX in both forms, run by onnxruntime and read back; the gpu graph also runs on the Triton
-backend under its interpreter: every way against onnxruntime on the original model, on fresh
-random inputs and weights.
+backend under its interpreter (and its kernels compile for sm_90): every way against
+onnxruntime on the original model, on fresh random inputs and weights.
 """
 from __future__ import annotations
 
+import importlib.util
 import math
 from dataclasses import dataclass, field
 
@@ -24,7 +25,9 @@ from onnx import TensorProto, helper, numpy_helper
 import tilefold
 from tilefold.graph import TilefoldError
 from tilefold.backends.onnx.lower import FORMS, lower
+from tilefold.backends.triton.aot import compile_for_cuda
 
+CUDA_COMPILER = importlib.util.find_spec("triton.backends.nvidia") is not None
 RTOL = 1e-4  # of the output's largest magnitude: Winograd and blocked sums reorder float32 adds
 
 
@@ -363,8 +366,10 @@ def test_optimized_random_graphs_written_as_onnx_run_in_onnxruntime_and_read_bac
 
 @given(random_model(), st.integers(0, 2**32 - 1))
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-def test_random_graphs_optimized_for_the_gpu_run_on_the_triton_interpreter(case, seed):
+def test_random_graphs_optimized_for_the_gpu_run_on_the_triton_interpreter_and_compile_for_sm90(case, seed):
     model, shapes = case
     feeds, reference = _reference(model, shapes, seed)
     optimized = tilefold.optimize(tilefold.load(model), "gpu").graph
     _check("interp", tilefold.compile(optimized, device="interp,cpu")(feeds), reference, model)
+    if CUDA_COMPILER and not symbolic(model):  # a symbolic graph's kernels are made per shape, at run time
+        compile_for_cuda(optimized, 90)

@@ -11,7 +11,8 @@ with fused epilogues; elementwise.py (fused chains); reduce.py (softmax, layer n
 reductions); layout_ops.py (pack, unpack, casts, transpose/reshape/gather heads). indexing.py
 addresses packed and plain buffers; fusion.py groups nodes into kernels and templates.py says
 which template runs a node; codegen.py builds and caches kernels; launch.py holds the launch
-configuration rules; executor.py runs the graph; autotune.py tunes the configurations.
+configuration rules; executor.py runs the graph; autotune.py tunes the configurations;
+aot.py compiles every kernel of a graph for a CUDA GPU without one.
 """
 from .autotune import autotune
 from .executor import TritonExecutable, kernel_sources

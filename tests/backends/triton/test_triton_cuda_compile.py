@@ -8,39 +8,13 @@ import numpy as np
 import pytest
 
 import tilefold
-from tilefold.backends.triton import codegen
-from tilefold.backends.triton.executor import plan_group
-from tilefold.backends.triton.launch import kernel_groups
-from tilefold.backends.triton.templates import TEMPLATES
+from tilefold.backends.triton.aot import compile_for_cuda
 from tilefold.bench.models import mlp_model
 from tilefold.graph import Graph
 from tilefold.graph.types import Splat, TensorType
 from tilefold.layout.encoding import PackedEncoding
 
-POINTERS = {"float32": "*fp32", "float16": "*fp16", "bool": "*i1", "int64": "*i64", "int32": "*i32"}
 ACT = PackedEncoding((1,), (16,))
-
-
-def compile_all(graph: Graph, capability: int) -> int:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    count = 0
-    for group in kernel_groups(graph):
-        if group.kind not in TEMPLATES:
-            continue
-        plan = plan_group(graph, group)
-        fn = codegen.build(plan.source, plan.name, "cuda")
-        consts = plan.constexprs(plan.config)
-        types = [graph.type_of(v) for v in plan.inputs] + [group.nodes[-1].outputs[0]]
-        pointers = [name for name in fn.arg_names if name not in consts]
-        signature = {name: POINTERS[t.dtype.name] for name, t in zip(pointers, types)}
-        signature.update({name: "constexpr" for name in consts})
-        options = {"num_warps": plan.config.get("num_warps", 4), "num_stages": plan.config.get("num_stages", 2)}
-        triton.compile(ASTSource(fn, signature, consts), target=GPUTarget("cuda", capability, 32), options=options)
-        count += 1
-    return count
 
 
 def _variants(kit) -> Graph:
@@ -90,7 +64,7 @@ def test_generated_kernels_compile_for_the_gpu(kit, capability):
                   kit.small_cnn(), kit.tiny_transformer()):
         plain = tilefold.load(model)
         graphs += [plain, tilefold.optimize(plain, "gpu").graph]
-    assert sum(compile_all(g, capability) for g in graphs) >= 50
+    assert sum(compile_for_cuda(g, capability) for g in graphs) >= 50
 
 
 def test_the_variants_graph_computes_what_the_numpy_backend_does(kit):
