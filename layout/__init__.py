@@ -3,7 +3,9 @@
     result = optimize(graph, "cpu")   # LayoutResult: .before (every anchor wrapped), .after
 
 `before` is the graph right after materialization, with explicit Pack/Unpack around every
-anchor; `after` is the graph after propagation and folding. layout/report.py compares them.
+anchor; `after` is the graph after propagation and folding, never moving more layout bytes
+at run time than `before` (else `before` with its weights folded). layout/report.py compares
+them.
 """
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ def optimize(graph: Graph, target: str = "cpu", *, verify: bool = False) -> Layo
     its plain equivalent (`strip.strip_layouts`) and planned again.
     """
     from .materialize import materialize
-    from .propagate import propagate
+    from .propagate import fold_constant_layouts, propagate
+    from .report import GraphLayout
     from .strip import strip_layouts
     from .targets import get_target
 
@@ -43,5 +46,9 @@ def optimize(graph: Graph, target: str = "cpu", *, verify: bool = False) -> Layo
         graph = strip_layouts(graph)
     before = materialize(graph.copy(), chosen, verify=verify, log=log)
     after = propagate(before.copy(), chosen, verify=verify, log=log)
+    if GraphLayout.of(before).bytes() < GraphLayout.of(after).bytes():
+        # propagation is greedy: an Unpack it pushed into a fork or through a growing op
+        # that never met a Pack can cost more than the wrapped anchors it started from
+        after = fold_constant_layouts(before.copy(), verify=verify, log=log)
     after.meta["target"] = chosen.name
     return LayoutResult(before, after, chosen.name, log)

@@ -608,6 +608,16 @@ def _sweep(graph: Graph, target: Target, final: bool) -> bool:
     return modified
 
 
+def fold_constant_layouts(graph: Graph, *, verify: bool = False, log: PipelineLog | None = None) -> Graph:
+    """Rule 1 alone: Packs and Unpacks of constants become constants; nothing moves."""
+    def fold(g: Graph) -> PassResult:
+        layout_of_constants = [n for n in g.nodes() if n.op in (PACK, UNPACK)
+                               and _producer(g, g.inputs_of(n.name)[0]).op == CONSTANT]
+        return PassResult(g, any([fold_or_cancel(g, n) for n in layout_of_constants]))
+
+    return run_passes(graph, [Pass("fold", fold), dce], verify=verify, fixed_point=True, log=log)
+
+
 def propagate(graph: Graph, target: Target, *, verify: bool = False, log: PipelineLog | None = None) -> Graph:
     """Run the rules to a fixed point, then absorb what is left into anchors, then clean up."""
     moves = Pass("propagate", lambda g: PassResult(g, _sweep(g, target, final=False)))

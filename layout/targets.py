@@ -117,7 +117,7 @@ class GpuTarget(Target):
 
     def anchor_layout(self, node: Node, in_types: Sequence[TensorType | None]) -> AnchorLayout | None:
         t = self.block
-        if _conv2d(node, in_types):
+        if _conv2d(node, in_types) and isinstance(in_types[0].shape[1], int):  # C is tiled: static only
             act = PackedEncoding((1,), (t,))
             weight = PackedEncoding((0, 1), (t, t))
             bias = (PackedEncoding((0,), (t,)),) if len(in_types) > 2 and in_types[2] is not None else ()

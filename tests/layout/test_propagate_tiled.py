@@ -421,3 +421,19 @@ def test_an_anchor_reads_the_buffer_behind_a_pack_of_an_unpack_when_its_target_s
     got, wrong = run_checking_padding(strided, feeds)
     assert wrong == []
     np.testing.assert_allclose(got["y"], want, rtol=1e-4, atol=1e-4)
+
+
+def test_propagation_never_moves_more_bytes_than_the_wrapped_anchors():
+    # a transpose read by two outputs: relabeled, its unpack pushed through the LeakyRelu and
+    # kept for the other output, two unpacks would move twice the transpose's bytes; the
+    # result falls back to the wrapped graph (found by tests/test_random_models.py)
+    from tilefold.layout.report import GraphLayout
+
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[0, 2, 3, 1]),
+             helper.make_node("LeakyRelu", ["t"], ["y"], alpha=0.2)]
+    result = optimize(tilefold.load(model(nodes, [("x", [1, 3, 8, 5])], ["y", "t"], {})), "gpu", verify=True)
+    assert GraphLayout.of(result.after).bytes() <= GraphLayout.of(result.before).bytes() == 480
+    x = RNG.standard_normal((1, 3, 8, 5)).astype(np.float32)
+    got = tilefold.compile(result.after)({"x": x})
+    np.testing.assert_array_equal(got["t"], x.transpose(0, 2, 3, 1))
+    np.testing.assert_allclose(got["y"], np.where(got["t"] > 0, got["t"], 0.2 * got["t"]), rtol=1e-6)
