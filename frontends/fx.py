@@ -147,16 +147,26 @@ def unsupported_nodes(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, str]:
 
 _ASSERTIONS = frozenset({torch.ops.aten._assert_tensor_metadata.default, torch.ops.aten._assert_async.default})
 
+DECOMPOSED = (torch.ops.aten.native_group_norm, torch.ops.aten.linalg_vector_norm)
+"""Core ATen ops tilefold has no rule for but PyTorch's decomposition table rewrites into ops
+it has (reductions, elementwise arithmetic, views): decomposed rather than run eagerly."""
+
+
+def decompositions() -> dict:
+    """The decomposition table of both the backend and `from_torch`: core ATen plus DECOMPOSED."""
+    from torch._decomp import core_aten_decompositions, get_decompositions
+
+    return {**core_aten_decompositions(), **get_decompositions(list(DECOMPOSED))}
+
 
 def export_aten(module: torch.nn.Module, example_inputs: Sequence[Any]) -> tuple[torch.fx.GraphModule, dict]:
     """`torch.export` of `module` decomposed to core ATen: its GraphModule and the tensors of
     its parameters, buffers and constants by placeholder name."""
-    from torch._decomp import core_aten_decompositions
     from torch.export.graph_signature import InputKind
 
     with torch.no_grad():
         program = torch.export.export(module, tuple(example_inputs), strict=False)
-        program = program.run_decompositions(core_aten_decompositions())
+        program = program.run_decompositions(decompositions())
     gm = program.graph_module
     for node in list(gm.graph.nodes):  # checks torch.export adds (dtype/shape asserts): nothing to run
         if node.op == "call_function" and node.target in _ASSERTIONS and not node.users:

@@ -41,7 +41,7 @@ import torch.fx
 
 from ..graph.errors import TilefoldError, UnsupportedOpError
 from ..graph.graph import Graph
-from .fx import graph_from_fx, unsupported_nodes
+from .fx import decompositions, graph_from_fx, unsupported_nodes
 from .fx_emit import torch_to_numpy_dtype
 
 MAX_VARIANTS = 8
@@ -106,7 +106,6 @@ def _check_options(options: Options) -> None:
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Options) -> Any:
     """Compile one Dynamo graph (see module docstring)."""
-    from torch._decomp import core_aten_decompositions
     from torch._dynamo.backends.common import aot_autograd
 
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs):
@@ -123,7 +122,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], optio
         return Runner(aten, static, options)
 
     return aot_autograd(fw_compiler=inference_compiler, inference_compiler=inference_compiler,
-                        decompositions=core_aten_decompositions)(gm, example_inputs)
+                        decompositions=decompositions)(gm, example_inputs)
 
 
 class Runner:

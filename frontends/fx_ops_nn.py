@@ -209,3 +209,60 @@ def _argmax(emit: Emitter, node: torch.fx.Node) -> Value:
 def _cumsum(emit: Emitter, node: torch.fx.Node) -> Value:
     x = emit.tensor(node.args[0], out_val(node).dtype)  # torch sums integers and bools as int64
     return emit.op("CumSum", [x, emit.ints([int(arg(node, 1, "dim", 0)) % max(_rank(node), 1)])], node=node)
+
+
+def _float_variance(node: torch.fx.Node) -> str | None:
+    return None if node.args[0].meta["val"].dtype.is_floating_point else "integer input"
+
+
+@rule(aten.var_mean.correction, aten.var.correction, check=_float_variance)
+def _variance(emit: Emitter, node: torch.fx.Node) -> Value | tuple[Value, Value]:
+    """var = sum((x - mean)^2) / max(0, n - correction) over dims, as torch (0/0 gives NaN)."""
+    rank = _rank(node)
+    dims = _dims(arg(node, 1, "dim", None) or None, rank)
+    correction = node.kwargs.get("correction", 1 if len(node.args) < 3 else node.args[2])
+    correction = 1 if correction is None else float(correction)
+    keep = bool(node.kwargs.get("keepdim", False))
+    x = emit.value(node.args[0])
+    shape = node.args[0].meta["val"].shape
+    count = int(np.prod([int(shape[d]) for d in dims])) if rank else 1
+    dtype = out_val(node)[0].dtype if node.target == aten.var_mean.correction else out_val(node).dtype
+    axes = emit.ints(dims) if rank else None
+    mean = emit.op("ReduceMean", [x, axes] if rank else [x], {"keepdims": 1})
+    centered = emit.op("Sub", [x, mean])
+    squares = emit.op("ReduceSum", [emit.op("Mul", [centered, centered])] + ([axes] if rank else []),
+                      {"keepdims": int(keep)})
+    is_pair = node.target == aten.var_mean.correction
+    var = emit.op("Div", [squares, emit.scalar(max(0.0, count - correction), dtype)],
+                  node=node if not is_pair else None)
+    if not is_pair:
+        return var
+    kept = out_val(node)[1].shape
+    return var, emit.op("Reshape", [mean, emit.ints([int(d) for d in kept])])
+
+
+def _as_strided_check(node: torch.fx.Node) -> str | None:
+    x = node.args[0].meta["val"]
+    if not x.is_contiguous() or x.storage_offset() != 0:
+        return "a view of a non-contiguous tensor"
+    size, stride = node.args[1], node.args[2]
+    offset = int(arg(node, 3, "storage_offset", None) or 0)
+    last = offset + sum((int(n) - 1) * int(s) for n, s in zip(size, stride) if int(n) > 0)
+    return None if last < max(x.numel(), 1) else "elements beyond the tensor's own"
+
+
+@rule(aten.as_strided.default, check=_as_strided_check)
+def _as_strided(emit: Emitter, node: torch.fx.Node) -> Value:
+    """A strided view of a contiguous tensor: a Reshape when the view is its elements in
+    order, else a Gather of the flat elements at the view's (constant) storage indices."""
+    x = node.args[0].meta["val"]
+    size = [int(n) for n in node.args[1]]
+    stride = [int(s) for s in node.args[2]]
+    offset = int(arg(node, 3, "storage_offset", None) or 0)
+    index = np.full(size, offset, np.int64)
+    for d, (n, s) in enumerate(zip(size, stride)):
+        index += (np.arange(n, dtype=np.int64) * s).reshape([n if k == d else 1 for k in range(len(size))])
+    if index.size == x.numel() and np.array_equal(index.reshape(-1), np.arange(index.size)):
+        return emit.op("Reshape", [emit.value(node.args[0]), emit.ints(size)], node=node)
+    flat = emit.op("Reshape", [emit.value(node.args[0]), emit.ints([-1])])
+    return emit.op("Gather", [flat, emit.constant(index)], {"axis": 0}, node=node)

@@ -552,9 +552,23 @@ def rewrite_writer(graph: Graph, packed: Value, want: PackedEncoding, target: Ta
         return False
     if not target.writes(producer, wanted):
         return False
-    producer.outputs[0] = wanted
+    producer.outputs[0] = TensorType(result.shape, result.dtype, canonical(wanted.encoding, result.shape))
     for node, enc in zip(transposes, encodings[:-1]):
-        node.outputs[0] = TensorType(node.outputs[0].shape, node.outputs[0].dtype, enc)
+        shape = node.outputs[0].shape
+        node.outputs[0] = TensorType(shape, node.outputs[0].dtype, canonical(enc, shape))
+    return True
+
+
+def write_unpacked(graph: Graph, node: Node, target: Target) -> bool:
+    """Rule 2b with nothing to cancel: an Unpack of an anchor's result, through Transposes
+    that relabel it, goes when the anchor can write the layout that the Transposes turn into
+    the logical one (on the gpu target, BERT's attention context from PyTorch, whose heads
+    are merged for a Gemm that reads it row-major)."""
+    source = graph.inputs_of(node.name)[0]
+    if source is None or not rewrite_writer(graph, source, PackedEncoding((), ()), target):
+        return False
+    graph.replace_all_uses(Value(node.name), source)
+    graph.remove_node(node.name)
     return True
 
 
@@ -602,6 +616,8 @@ def _sweep(graph: Graph, target: Target, final: bool) -> bool:
             changed = fold_or_cancel(graph, node)
             if not changed and node.op == PACK:
                 changed = push_up(graph, node, target) or (final and absorb(graph, node, target))
+            elif not changed and final:
+                changed = write_unpacked(graph, node, target)
         else:
             changed = push_down(graph, node, target)
         modified |= changed

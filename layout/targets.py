@@ -106,14 +106,17 @@ class CpuTarget(Target):
 
 class GpuTarget(Target):
     """Tiles matching the Triton kernels' blocks: NCHWc16 convolution with weights tiled on
-    F and C, and mmt4d-style 2-D tiles for matmul operands (BLOCK 16 here; the Triton backend
-    reads these tiles as its block sizes). A kernel loads a row-major operand 0 with strides
-    as cheaply as a tiled one, so a Pack left in front of an anchor is absorbed. The Triton
-    matmul addresses 16x16 blocks by strides, so it reads and writes unpadded blocks in any
-    outer order and tiles in either order (attention heads, a transposed K) with no copy."""
+    F and C, and mmt4d-style 2-D tiles for matmul operands whose matrix dims the tile divides
+    (BLOCK 16 here; the Triton backend reads these tiles as its block sizes). A kernel loads
+    a row-major operand 0 with strides as cheaply as a tiled one, so a Pack left in front of
+    an anchor is absorbed. The Triton matmul addresses 16x16 blocks by strides, so it reads
+    and writes unpadded blocks in any outer order and tiles in either order (attention heads,
+    a transposed K), and row- or column-contiguous matrices (untiled head views), with no copy."""
 
     name = "gpu"
     block = 16
+    pad_tiles = False
+    """Tile matmul dims the block does not divide too (padded tiles); a subclass may set it."""
 
     def anchor_layout(self, node: Node, in_types: Sequence[TensorType | None]) -> AnchorLayout | None:
         t = self.block
@@ -126,12 +129,19 @@ class GpuTarget(Target):
             a, b = in_types[0], in_types[1]
             if not all(isinstance(d, int) for x in (a, b, node.outputs[0]) for d in x.shape[-2:]):
                 return None  # a symbolic row count tiled could not be told from its padded buffer
-            tiles_a = PackedEncoding((a.rank - 2, a.rank - 1), (t, t))
-            tiles_b = PackedEncoding((b.rank - 2, b.rank - 1), (t, t))
-            out = node.outputs[0]
-            return AnchorLayout((tiles_a, tiles_b), PackedEncoding((out.rank - 2, out.rank - 1), (t, t)),
-                                reads_identity=True)
+            layout = AnchorLayout((self._tiles(a), self._tiles(b)), self._tiles(node.outputs[0]),
+                                  reads_identity=True)
+            return layout if layout.result is not None or any(layout.operands) else None
         return None
+
+    def _tiles(self, t: TensorType) -> PackedEncoding | None:
+        """16x16 tiles on the matrix dims, or None (used as it is) where a tile would hold
+        padding: the kernel reads and writes any layout masked to the logical extent, while a
+        padded tile would stop propagation at every softmax or matmul over that dim (a ViT's
+        197 tokens, a sequence of 100)."""
+        if not self.pad_tiles and any(int(d) % self.block for d in t.shape[-2:]):
+            return None
+        return PackedEncoding((t.rank - 2, t.rank - 1), (self.block, self.block))
 
     def _blocks(self, t: TensorType) -> bool:
         enc, r = t.encoding, t.rank
@@ -139,10 +149,10 @@ class GpuTarget(Target):
                 and enc.inner_tiles == (self.block,) * 2 and not enc.is_padded(t.shape))
 
     def reads(self, node: Node, slot: int, t: TensorType) -> bool:
-        return node.op == "MatMul" and slot < 2 and self._blocks(t)
+        return node.op == "MatMul" and slot < 2 and (self._blocks(t) or strided_matrices(t))
 
     def writes(self, node: Node, t: TensorType) -> bool:
-        return node.op == "MatMul" and self._blocks(t)
+        return node.op == "MatMul" and (self._blocks(t) or strided_matrices(t))
 
 
 class DeviceTargets(Target):

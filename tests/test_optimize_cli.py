@@ -68,16 +68,23 @@ def test_json_report_has_integer_layout_counts(mlp_path, capsys, target):
     assert report["layout_bytes_after"] <= report["layout_bytes_before"]
 
 
-def test_gpu_tiles_on_the_mlp_fold_into_the_weights(mlp_path, capsys):
-    _, report = _json_report(capsys, ["optimize", str(mlp_path), "--target", "gpu", "--report", "json"])
-    # Two MatMuls wrapped: activation Pack + weight Pack + Unpack each; the weight Packs fold.
-    assert report["layout_ops_before"] == 4 and report["constant_layout_ops_before"] == 2
-    assert report["folded_packs"] == 2 and report["packed_constants_after"] >= 2
-    assert report["layout_ops_after"] <= report["layout_ops_before"]
-    # 24x40 and 40x10 weights tiled 16x16 are padded to 32x48 and 48x16; the biases of 40
-    # and 10, broadcast over the tiled rows, are tiled 1x16 and padded to 48 and 16.
-    weights = 32 * 48 + 48 * 16 - 24 * 40 - 40 * 10
-    biases = 48 + 16 - 40 - 10
+def test_gpu_tiles_on_an_mlp_fold_into_its_weights(tmp_path, capsys):
+    path = models.mlp(tmp_path / "mlp16.onnx", batch=16, sizes=(32, 48, 10), seed=3)
+    _, report = _json_report(capsys, ["optimize", str(path), "--target", "gpu", "--report", "json"])
+    # The first MatMul wrapped (activation Pack, weight Pack, result Unpack), the second's
+    # activation packed; 16 does not divide its 48x10 weight and 16x10 result: left untiled.
+    assert report["layout_ops_before"] == 3 and report["constant_layout_ops_before"] == 1
+    assert report["folded_packs"] == 1 and report["packed_constants_after"] == 1
+    assert report["layout_ops_after"] == 0
+    assert report["weight_bytes_after"] == report["weight_bytes_before"]  # no tile holds padding
+
+
+def test_gpu_conv_tiles_count_their_padding_in_the_weight_bytes(convnet_path, capsys):
+    _, report = _json_report(capsys, ["optimize", str(convnet_path), "--target", "gpu", "--report", "json"])
+    # Both conv weights tiled 16 on F and C (8x3 and 8x8 padded to 16x16 per tap), their
+    # biases of 8 tiled 16; the Gemm is not a gpu anchor.
+    weights = 2 * 16 * 16 * 9 - 8 * 3 * 9 - 8 * 8 * 9
+    biases = 2 * (16 - 8)
     assert report["weight_bytes_after"] - report["weight_bytes_before"] == 4 * (weights + biases)
 
 

@@ -106,7 +106,10 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
         store_index: list[str | None] = list(names)
     elif op == "LayerNormalization":
         eps = float(node.attrs.get("epsilon", 1e-5))
+        # the centered row corrected by its own mean (in registers): a row of equal values
+        # centers to exactly 0, as the NumPy kernel's float64 mean gives
         lines += [f"mean = tl.sum(x, axis=0) / {length}", "d = tl.where(mask, x - mean, 0.0)",
+                  f"d = tl.where(mask, d - tl.sum(d, axis=0) / {length}, 0.0)",
                   f"inv_std = 1.0 / tl.sqrt(tl.sum(d * d, axis=0) / {length} + {eps!r})", "y = d * inv_std"]
         for slot, verb in ((1, "*"), (2, "+")):
             value = values[slot] if len(values) > slot else None

@@ -3,8 +3,9 @@ from .cse import cse
 from .dce import dce
 from .fold import constant_folding, fold_batchnorm
 from .pipeline import Pass, PassResult, PipelineLog, graph_pass, run_passes, simplify
+from .transposes import compose_transposes
 
 __all__ = [
-    "Pass", "PassResult", "PipelineLog", "constant_folding", "cse", "dce", "fold_batchnorm",
+    "Pass", "PassResult", "PipelineLog", "compose_transposes", "constant_folding", "cse", "dce", "fold_batchnorm",
     "graph_pass", "run_passes", "simplify",
 ]

@@ -1,8 +1,8 @@
 """Device assignment: requests with fallback, affinities, transfers, per-device layouts.
 
-A test device kind `accel` (the gpu target's layouts, NumPy memory) lacks Relu, so fallback,
-transfers and per-device encodings can be checked on any machine; the real `interp` device is
-checked in tests/backends/triton/."""
+A test device kind `accel` (the gpu target's layouts with padded tiles, tests/conftest.py;
+NumPy memory) lacks Relu, so fallback, transfers and per-device encodings can be checked on
+any machine; the real `interp` device is checked in tests/backends/triton/."""
 from __future__ import annotations
 
 import numpy as np
@@ -22,9 +22,9 @@ from tilefold.graph.types import Value
 
 @pytest.fixture
 def accel(monkeypatch: pytest.MonkeyPatch) -> DeviceKind:
-    kind = DeviceKind("accel", "gpu", lambda i: i == 0, lambda graph, node: node.op != "Relu")
+    kind = DeviceKind("accel", "gpu-padded", lambda i: i == 0, lambda graph, node: node.op != "Relu")
     monkeypatch.setitem(DEVICE_KINDS, "accel", kind)
-    absent = DeviceKind("absent", "gpu", lambda i: False, lambda graph, node: True)
+    absent = DeviceKind("absent", "gpu-padded", lambda i: False, lambda graph, node: True)
     monkeypatch.setitem(DEVICE_KINDS, "absent", absent)
     return kind
 
@@ -148,8 +148,8 @@ def test_mixed_placements_give_the_single_device_results(accel, mlp, device, aff
     devices = {n.device for n in after.nodes() if n.op in ("MatMul", "Add", "Relu", "Pack", "Unpack")}
     assert devices == {"accel", "cpu"}
     accel_anchors = [n for n in after.nodes() if n.op == "MatMul" and n.device == "accel"]
-    assert all(n.outputs[0].encoding is not None and n.outputs[0].encoding.inner_tiles == (16, 16)
-               for n in accel_anchors)
+    weights = [after.type_of(after.inputs_of(n.name)[1]).encoding for n in accel_anchors]
+    assert weights and all(w is not None and w.inner_tiles == (16, 16) for w in weights)  # accel's tiles
     for seed in (0, 1):
         feeds = _feeds(seed)
         np.testing.assert_allclose(NumpyExecutable(after)(feeds)["y"], _onnxruntime(model, feeds)["y"],

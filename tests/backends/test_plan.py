@@ -99,7 +99,8 @@ def test_a_light_cnn_reuses_buffers_and_matches_the_recount():
 
 
 def test_padded_sizes_follow_the_encoding_formula():
-    graph = tilefold.optimize(tilefold.load(mlp_model(batch=5, sizes=(40, 24, 33, 7), seed=1)), "gpu").graph
+    model = mlp_model(batch=5, sizes=(40, 24, 33, 7), seed=1)
+    graph = tilefold.optimize(tilefold.load(model), "gpu-padded").graph  # (tests/conftest.py)
     plan = plan_memory(graph)
     checked = 0
     for buf in plan.devices["cpu"].buffers:

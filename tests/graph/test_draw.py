@@ -64,7 +64,7 @@ def chain(length: int, pack_at: int) -> Graph:
 
 @pytest.fixture(scope="module")
 def mlp_gpu(tmp_path_factory) -> tilefold.Optimized:
-    path = mlp(tmp_path_factory.mktemp("draw") / "mlp.onnx", sizes=(32, 48, 40, 10), batch=4)
+    path = mlp(tmp_path_factory.mktemp("draw") / "mlp.onnx", sizes=(32, 48, 64, 16), batch=16)
     return tilefold.optimize(tilefold.load(path), "gpu")
 
 

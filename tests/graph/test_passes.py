@@ -10,7 +10,8 @@ import tilefold
 from tilefold.backends.numpy import evaluate_node
 from tilefold.frontends.onnx import load_onnx
 from tilefold.graph import Graph, Splat, TensorType, Value
-from tilefold.graph.passes import constant_folding, cse, dce, fold_batchnorm, run_passes, simplify
+from tilefold.graph.passes import (compose_transposes, constant_folding, cse, dce, fold_batchnorm, run_passes,
+                                   simplify)
 from tilefold.graph.verify import verify_graph
 
 RNG = np.random.default_rng(7)
@@ -171,3 +172,25 @@ def test_identity_and_dropout_are_bypassed():
     )
     g = simplify(load_onnx(model), evaluate_node, verify=True)
     assert set(g.op_counts()) == {"Input", "Relu", "Output"}
+
+
+@pytest.mark.parametrize("perms, left", [
+    (((2, 0, 1, 3), (1, 2, 0, 3), (0, 2, 1, 3)), 1),  # PyTorch's head merge: the first two cancel
+    (((0, 2, 1, 3), (0, 2, 1, 3)), 0),  # a swap and its inverse: nothing left
+    (((3, 2, 1, 0), None), 0),  # a perm, then ONNX's default (the reversal)
+    (((1, 0, 2, 3), (0, 1, 3, 2)), 1),
+])
+def test_chained_transposes_compose_into_one_or_none(perms, left):
+    nodes, name, shape = [], "x", [2, 3, 4, 5]
+    for i, perm in enumerate(perms):
+        attrs = {} if perm is None else {"perm": list(perm)}
+        out = "y" if i == len(perms) - 1 else f"t{i}"
+        nodes.append(helper.make_node("Transpose", [name], [out], **attrs))
+        name, shape = out, [shape[p] for p in (perm or (3, 2, 1, 0))]
+    model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4, 5])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)])
+    g = load_onnx(model)
+    run_passes(g, [compose_transposes, dce], verify=True, fixed_point=True)
+    assert g.op_counts().get("Transpose", 0) == left
+    x = RNG.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    np.testing.assert_array_equal(tilefold.compile(g)({"x": x})["y"], ort_run(model, {"x": x})[0])

@@ -78,15 +78,21 @@ def test_bert_on_the_gpu_target_moves_no_data_inside_its_encoder_layers():
         np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-4 * np.abs(want[name]).max())
 
 
-def test_an_mlp_on_the_gpu_target_tiles_its_biases_and_computes_the_same(tmp_path):
+@pytest.mark.parametrize("batch", [32, 8])
+def test_an_mlp_on_the_gpu_target_tiles_the_dims_the_tile_divides_and_computes_the_same(tmp_path, batch):
+    """16x16 tiles where 16 divides both matrix dims; elsewhere operands stay as they are (the
+    Triton matmul reads any layout masked to the logical extent), so no tile holds padding:
+    batch 8 keeps its activations row-major, the 10-wide last layer its weight."""
     import numpy as np
 
-    g = tilefold.load(mlp(tmp_path / "mlp.onnx", batch=8, sizes=(256, 512, 512, 10)))
+    g = tilefold.load(mlp(tmp_path / "mlp.onnx", batch=batch, sizes=(256, 512, 512, 10)))
     result = optimize(g, "gpu", verify=True)
-    # every matmul and bias add runs tiled; the input is read as is by the first matmul; what
-    # is left are the Unpacks whose padding rows (batch 8 in 16-row tiles) hold bias values
-    assert len(moving_layout_ops(result.before)) == 6
-    assert len(moving_layout_ops(result.after)) == 3
-    x = np.random.default_rng(2).standard_normal((8, 256)).astype(np.float32)
+    assert len(moving_layout_ops(result.before)) == (5 if batch == 32 else 0)
+    assert moving_layout_ops(result.after) == []
+    matmuls = [n for n in result.after.nodes() if n.op == "MatMul"]
+    tiled = [[bool(result.after.type_of(v).encoding) for v in result.after.inputs_of(n.name)] for n in matmuls]
+    assert tiled == [[False, True], [batch == 32, True], [batch == 32, False]]
+    assert all(not n.outputs[0].encoding.is_padded(n.outputs[0].shape) for n in matmuls if n.outputs[0].encoding)
+    x = np.random.default_rng(2).standard_normal((batch, 256)).astype(np.float32)
     np.testing.assert_allclose(tilefold.compile(result.after)({"x": x})["y"], tilefold.compile(g)({"x": x})["y"],
                                rtol=1e-4, atol=1e-4)

@@ -202,9 +202,9 @@ def test_a_scalar_operand_needs_no_packing(target):
 
 
 def test_padding_a_computed_result_holds_is_unknown():
-    # batch 8 under the gpu target's 16-row tiles: the matmul result is padded, and the bias
-    # add puts bias values into the padding rows, so the next matmul must not read that
-    # buffer as zero-padded: it reads the unpacked value instead.
+    # batch 8 under 16-row tiles: the matmul result is padded, and the bias add puts bias
+    # values into the padding rows, so the next matmul must not read that buffer as
+    # zero-padded: it reads the unpacked value instead.
     w1 = RNG.standard_normal((32, 32)).astype(np.float32)
     w2 = RNG.standard_normal((32, 16)).astype(np.float32)
     graph = helper.make_graph(
@@ -217,7 +217,7 @@ def test_padding_a_computed_result_holds_is_unknown():
          numpy_helper.from_array(np.array(1.0, np.float32), "one")],
     )
     g = tilefold.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
-    after = optimize(g, "gpu", verify=True).after
+    after = optimize(g, "gpu-padded", verify=True).after  # (tests/conftest.py)
     (add,) = [n for n in after.nodes() if n.op == "Add"]
     assert add.outputs[0].encoding is not None and add.outputs[0].encoding.pad is None
     second = [n for n in after.nodes() if n.op == "MatMul"][1]

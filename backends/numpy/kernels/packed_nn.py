@@ -16,7 +16,7 @@ from ....graph.types import TensorType
 from ....layout.encoding import PackedEncoding
 from ..registry import KernelSpec, Run, packed_kernel
 from .common import Window, as_array, check_dtypes, window_geometry
-from .nn import _lowest, _pool_attrs, _softmax
+from .nn import _lowest, _pool_attrs, _softmax, exact_mean
 from .packed_conv import channels_last, is_permutation, tap_range
 from .packed_layout import converter
 
@@ -288,7 +288,7 @@ def _layer_norm_packed(spec: KernelSpec) -> Run | None:
 
     def run(p: np.ndarray, scale: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
         flat = p.astype(stash, copy=False)
-        mean = flat.mean(axis=axes, keepdims=True, dtype=stash)
+        mean = exact_mean(flat, axes)
         centered = np.subtract(flat, mean)
         var = np.square(centered).sum(axis=axes, keepdims=True) / count
         centered *= 1 / np.sqrt(var + eps)

@@ -10,14 +10,16 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, numpy_helper
 
 import tilefold
 from tilefold.backends.onnx import save_onnx
 from tilefold.frontends.onnx import load_onnx
 from tilefold.graph import Graph, Splat, TensorType, TilefoldError, Value
 
-TARGETS = ("cpu", "gpu")
+TARGETS = ("cpu", "gpu", "gpu-padded")
+"""gpu tiles none of the MLP fixture's dims (batch 4, widths 40, 72, 24, 10: 16 divides none);
+gpu-padded (tests/conftest.py) tiles them all, padding included."""
 
 
 def _feeds(graph: Graph, seed: int) -> dict[str, np.ndarray]:
@@ -44,14 +46,14 @@ def test_optimized_mlp_runs_in_onnxruntime_like_the_original(mlp_path, tmp_path,
 
 
 def test_gpu_tiles_are_stored_packed_and_unpacked_by_standard_ops(mlp_path, tmp_path):
-    optimized = tilefold.optimize(mlp_path, "gpu")
+    optimized = tilefold.optimize(mlp_path, "gpu-padded")
     out = tmp_path / "mlp.gpu.onnx"
     tilefold.save(optimized, out)
     model = onnx.load(out)
     inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     packed = [n for n in optimized.graph.constants() if n.outputs[0].encoding is not None
               and isinstance(n.attrs["value"], np.ndarray)]
-    assert packed, "the gpu target packs the MLP's weights"
+    assert packed, "the target packs the MLP's weights"
     for node in packed:
         stored = inits[f"{node.name}.packed"]
         assert stored.shape == tuple(node.outputs[0].encoding.physical_shape(node.outputs[0].shape))
@@ -69,14 +71,14 @@ def test_metadata_says_what_the_file_was_optimized_for(mlp_path, tmp_path, targe
     assert props["tilefold.target"] == target
     assert props["tilefold.version"] == tilefold.__version__
     tiles = json.loads(props["tilefold.tiles"])
-    if target == "gpu":
+    if target == "gpu-padded":
         assert set(tiles) == {"matmul0", "matmul1", "matmul2"}
         for entry in tiles.values():
             assert entry["op"] == "MatMul"
             assert entry["result"]["inner_tiles"] == [16, 16]
             assert entry["operands"][1]["inner_tiles"] == [16, 16]
     else:
-        assert tiles == {}  # the cpu target leaves MatMul row-major
+        assert tiles == {}  # the cpu target leaves MatMul row-major; gpu finds no dim to tile
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -117,14 +119,14 @@ def test_reloaded_file_runs_on_numpy_backend_with_same_results(mlp_path, tmp_pat
 
 
 def test_loading_for_another_target_plans_again(mlp_path, tmp_path, facts):
-    gpu = tilefold.optimize(mlp_path, "gpu")
+    gpu = tilefold.optimize(mlp_path, "gpu-padded")
     out = tmp_path / "gpu.onnx"
     tilefold.save(gpu, out)
     plain = load_onnx(out, target="cpu")
-    assert plain.meta["optimized_for"] == "gpu"
+    assert plain.meta["optimized_for"] == "gpu-padded"
     assert "target" not in plain.meta
     assert all(t.encoding is None for n in plain.nodes() for t in n.outputs)
-    assert facts(load_onnx(out, target="gpu")) == facts(gpu.graph)
+    assert facts(load_onnx(out, target="gpu-padded")) == facts(gpu.graph)
     replanned = tilefold.optimize(tilefold.load(out), "cpu")  # stripped, then planned for cpu
     assert replanned.graph.meta["target"] == "cpu"
     assert all(t.encoding is None or not t.encoding.inner_tiles for n in replanned.graph.nodes() for t in n.outputs)
@@ -138,11 +140,11 @@ def test_loading_for_another_target_plans_again(mlp_path, tmp_path, facts):
 def test_strip_layouts_gives_an_equivalent_plain_graph(mlp_path):
     from tilefold.layout.strip import strip_layouts
 
-    gpu = tilefold.optimize(mlp_path, "gpu").graph
+    gpu = tilefold.optimize(mlp_path, "gpu-padded").graph
     plain = strip_layouts(gpu)
     assert not any(n.op in ("Pack", "Unpack") for n in plain.nodes())
     assert all(t.encoding is None for n in plain.nodes() for t in n.outputs)
-    assert "target" not in plain.meta and gpu.meta["target"] == "gpu"
+    assert "target" not in plain.meta and gpu.meta["target"] == "gpu-padded"
     assert any(t.encoding is not None for n in gpu.nodes() for t in n.outputs)  # the input is unchanged
     feeds = _feeds(gpu, seed=2)
     np.testing.assert_allclose(tilefold.compile(plain)(feeds)["y"], tilefold.compile(gpu)(feeds)["y"],
@@ -227,7 +229,7 @@ def test_outputs_that_are_inputs_or_shared_get_identities(tmp_path, ort_run):
 
 
 def test_large_weights_go_to_an_external_data_file(mlp_path, tmp_path, ort_run, facts):
-    optimized = tilefold.optimize(mlp_path, "gpu")
+    optimized = tilefold.optimize(mlp_path, "gpu-padded")
     out = tmp_path / "ext.onnx"
     written = save_onnx(optimized.graph, out, external_threshold=1000)
     assert written.data_path is not None and written.data_path.exists()
@@ -333,7 +335,7 @@ def test_packed_form_runs_like_the_original(mlp_path, tmp_path, target, ort_run,
     feeds = _feeds(optimized.graph, seed=13)
     np.testing.assert_allclose(ort_run(out, feeds)["y"], ort_run(mlp_path, feeds)["y"], rtol=1e-5, atol=1e-6)
     ops = [n.op_type for n in onnx.load(out).graph.node]
-    if target == "gpu":  # runtime packs of the activations are real Pad/Reshape/Transpose here
+    if target == "gpu-padded":  # runtime packs of the activations are real Pad/Reshape/Transpose here
         assert {"Pad", "Reshape", "Transpose", "Slice"} <= set(ops)
         assert "Identity" not in ops[:-1]
     assert facts(load_onnx(out)) == facts(optimized.graph)

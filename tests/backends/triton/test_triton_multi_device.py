@@ -117,7 +117,7 @@ def test_a_residual_cnn_split_across_two_interpreter_devices(kit, device, affini
 
 
 def test_a_weight_used_on_both_devices_is_a_constant_on_each(kit):
-    model, shape = _mlp()
+    model, shape = mlp_model(batch=5, sizes=(32, 48, 17, 7), seed=7), (5, 32)  # a 32x48 weight: tiled
     graph = tilefold.load(model)
     x = graph.inputs_of("matmul0")[0]
     w = graph.inputs_of("matmul0")[1]
@@ -127,7 +127,7 @@ def test_a_weight_used_on_both_devices_is_a_constant_on_each(kit):
     graph.set_input("add0", 0, Value(both.name))
     affinity = {"twin": "interp:1"}
     opt = tilefold.optimize(graph, device="interp", affinity=affinity)
-    copies = [n for n in opt.graph.nodes() if n.op == CONSTANT and n.outputs[0].shape == (20, 33)]
+    copies = [n for n in opt.graph.nodes() if n.op == CONSTANT and n.outputs[0].shape == (32, 48)]
     assert sorted(n.device for n in copies) == ["interp", "interp:1"]
     assert all(n.outputs[0].encoding is not None and n.outputs[0].encoding.inner_tiles == (16, 16) for n in copies)
     exe = tilefold.compile(opt.graph, device="interp", affinity=affinity)

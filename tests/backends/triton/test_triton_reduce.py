@@ -71,6 +71,25 @@ def test_layer_norm_last_axis(kit, device, with_bias, packed):
     np.testing.assert_allclose(got["y"], ref["y"], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_layer_norm_of_a_row_of_equal_values_is_its_bias_exactly(kit, device, packed):
+    """A float32 mean of equal values can miss them by a bit, which 1/sqrt(epsilon) turns
+    into 2e-4 of the output (a random model found it; onnxruntime gives the bias exactly)."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((3, 5, 33)).astype(F32)
+    x[:, 1, :] = rng.uniform(-2000, 2000, (3, 1)).astype(F32)  # one value per row
+    gamma = rng.uniform(0.5, 1.5, 33).astype(F32)
+    beta = rng.standard_normal(33).astype(F32)
+    g = Graph("ln")
+    v = _operand(kit, g, x.shape, packed)
+    v = v[0] if packed else v
+    inputs = [v, g.add_constant(gamma, name="gamma"), g.add_constant(beta, name="beta")]
+    g.add_output(kit.add(g, "LayerNormalization", inputs, {"axis": -1, "epsilon": 1e-5}), "y")
+    got, ref = kit.run_both(g, {"x": x}, device)
+    for out in (got["y"], ref["y"]):  # the Triton kernel, the NumPy kernel
+        np.testing.assert_array_equal(out[:, 1], np.broadcast_to(beta, (3, 33)))
+
+
 @pytest.mark.parametrize("op", ["ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin"])
 @pytest.mark.parametrize("axis,keepdims", [(2, 1), (1, 0), (-1, 0)])
 @pytest.mark.parametrize("packed", [False, True])

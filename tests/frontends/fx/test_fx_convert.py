@@ -77,3 +77,45 @@ def test_from_torch_takes_an_attention_mask_despite_export_s_dtype_asserts():
     with torch.no_grad():
         want = model(ids, mask).last_hidden_state.numpy()
     np.testing.assert_allclose(got[graph.output_names()[0]], want, rtol=1e-4, atol=1e-5)
+
+
+class _GroupNormConv(torch.nn.Module):
+    """wav2vec2's feature encoder in small: a conv, GroupNorm and a weight-normed conv."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv1d(1, 16, 5, stride=2)
+        self.norm = torch.nn.GroupNorm(4, 16)
+        self.pos = torch.nn.utils.parametrizations.weight_norm(torch.nn.Conv1d(16, 16, 3, padding=1, groups=4), dim=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.nn.functional.gelu(self.norm(self.conv(x)))
+        return y + self.pos(y)
+
+
+def test_group_norm_and_weight_norm_are_decomposed_by_pytorch_not_run_eagerly():
+    model = _GroupNormConv().eval()
+    x = torch.randn(2, 1, 64)
+    graph = tilefold.from_torch(model, (x,))  # raises if any op were left unconverted
+    for _ in range(2):
+        x = torch.randn(2, 1, 64)
+        out = tilefold.compile(graph)({graph.inputs[0]: x.numpy()})["output_0"]
+        np.testing.assert_allclose(out, model(x).detach().numpy(), atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("size, stride, offset", [
+    ((4, 6), (6, 1), 0),  # the tensor itself: a Reshape
+    ((5, 3), (2, 1), 1),  # overlapping windows from an offset: a Gather
+    ((3, 4), (1, 3), 0),  # a transposed view
+])
+def test_as_strided_of_a_contiguous_tensor(size, stride, offset):
+    class View(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.as_strided(x * 2, size, stride, offset) + 1
+
+    x = torch.randn(4, 6)
+    graph = tilefold.from_torch(View(), (x,))
+    assert ("Gather" in graph.op_counts()) == (size != (4, 6))
+    x = torch.randn(4, 6)
+    out = tilefold.compile(graph)({graph.inputs[0]: x.numpy()})["output_0"]
+    np.testing.assert_array_equal(out, View()(x).numpy())
