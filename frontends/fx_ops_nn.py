@@ -220,21 +220,20 @@ def _variance(emit: Emitter, node: torch.fx.Node) -> Value | tuple[Value, Value]
     """var = sum((x - mean)^2) / max(0, n - correction) over dims, as torch (0/0 gives NaN)."""
     rank = _rank(node)
     dims = _dims(arg(node, 1, "dim", None) or None, rank)
-    correction = node.kwargs.get("correction", 1 if len(node.args) < 3 else node.args[2])
+    correction = node.kwargs.get("correction")  # keyword-only in both overloads; None means 1
     correction = 1 if correction is None else float(correction)
     keep = bool(node.kwargs.get("keepdim", False))
+    is_pair = node.target == aten.var_mean.correction
     x = emit.value(node.args[0])
     shape = node.args[0].meta["val"].shape
     count = int(np.prod([int(shape[d]) for d in dims])) if rank else 1
-    dtype = out_val(node)[0].dtype if node.target == aten.var_mean.correction else out_val(node).dtype
-    axes = emit.ints(dims) if rank else None
-    mean = emit.op("ReduceMean", [x, axes] if rank else [x], {"keepdims": 1})
+    dtype = (out_val(node)[0] if is_pair else out_val(node)).dtype
+    axes = [emit.ints(dims)] if rank else []
+    mean = emit.op("ReduceMean", [x, *axes], {"keepdims": 1})
     centered = emit.op("Sub", [x, mean])
-    squares = emit.op("ReduceSum", [emit.op("Mul", [centered, centered])] + ([axes] if rank else []),
-                      {"keepdims": int(keep)})
-    is_pair = node.target == aten.var_mean.correction
+    squares = emit.op("ReduceSum", [emit.op("Mul", [centered, centered]), *axes], {"keepdims": int(keep)})
     var = emit.op("Div", [squares, emit.scalar(max(0.0, count - correction), dtype)],
-                  node=node if not is_pair else None)
+                  node=None if is_pair else node)
     if not is_pair:
         return var
     kept = out_val(node)[1].shape
