@@ -51,6 +51,7 @@ from ..graph.graph import CONSTANT, INPUT, OUTPUT, Graph, Node
 from ..graph.passes.cse import cse
 from ..graph.passes.dce import dce
 from ..graph.passes.pipeline import Pass, PassResult, PipelineLog, run_passes
+from ..graph.ops.tensor import transpose_perm
 from ..graph.registry import REGISTRY, signature
 from ..graph.signature import Signature
 from ..graph.types import Splat, TensorType, Value, as_array
@@ -397,7 +398,7 @@ def relabel_transpose(graph: Graph, node: Node, target: Target) -> bool:
     t_in, t_out = graph.type_of(x), node.outputs[0]
     if t_in.encoding is not None or t_out.encoding is not None or not t_out.is_static:
         return False
-    perm = tuple(node.attrs.get("perm") or range(t_in.rank - 1, -1, -1))
+    perm = transpose_perm(node.attrs, t_in.rank)
     producer = _producer(graph, x)
     wanted = TensorType(t_in.shape, t_in.dtype, PackedEncoding((), (), perm))
     if producer.op in target.anchors and len(graph.users(x)) == 1 and target.writes(producer, wanted):
@@ -542,7 +543,7 @@ def rewrite_writer(graph: Graph, packed: Value, want: PackedEncoding, target: Ta
     encodings = [want]
     for node in transposes:  # from `packed` back to the anchor's result
         t_in = graph.type_of(graph.inputs_of(node.name)[0])
-        perm = tuple(node.attrs.get("perm") or range(t_in.rank - 1, -1, -1))
+        perm = transpose_perm(node.attrs, t_in.rank)
         encodings.append(encodings[-1].permuted(tuple(int(i) for i in np.argsort(perm))))
     result = producer.outputs[0]
     wanted = TensorType(result.shape, result.dtype, encodings[-1])

@@ -30,6 +30,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
 from ..graph import Graph, Node, Splat, TensorType
+from ..graph.ops.tensor import transpose_perm
 from ..graph.registry import REGISTRY
 from . import LayoutResult
 from .encoding import PackedEncoding, ceil_div
@@ -157,7 +158,7 @@ def moves_data(node: Node, source: TensorType) -> bool:
     """Whether a Transpose node's result buffer differs in element order from its input's."""
     result = node.outputs[0]
     rank = source.rank
-    perm = tuple(node.attrs.get("perm") or range(rank - 1, -1, -1))
+    perm = transpose_perm(node.attrs, rank)
     relabeled = (source.encoding or _IDENTITY).permuted(perm)
     if relabeled.same_layout(result.encoding or _IDENTITY):
         return False

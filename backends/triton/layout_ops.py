@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ...graph.graph import Graph, Node
+from ...graph.ops.tensor import transpose_perm
 from ...graph.types import TensorType, Value
 from . import pool
 from .indexing import broadcast_index, is_float, offset, triton_dtype, unravel
@@ -62,7 +63,7 @@ def transpose_head(graph: Graph, node: Node, names: list[str], params: list[Valu
     value = graph.inputs_of(node.name)[0]
     assert value is not None
     t = graph.type_of(value)
-    perm = [int(p) for p in node.attrs.get("perm") or range(t.rank)[::-1]]
+    perm = transpose_perm(node.attrs, t.rank)
     index: list[str | None] = [None] * t.rank
     for j, p in enumerate(perm):
         index[p] = names[j]

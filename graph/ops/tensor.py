@@ -177,13 +177,17 @@ register(OpDef("Unsqueeze", infer=_unsqueeze_infer, signature=_relabel_signature
 
 
 # ---- Transpose ---------------------------------------------------------------------------
-def _perm(attrs, data: TensorType) -> list[int]:
+def transpose_perm(attrs: dict, rank: int) -> tuple[int, ...]:
+    """A Transpose's perm: its attribute, or ONNX's default (the dims reversed)."""
     perm = attrs.get("perm")
-    if perm is None:
-        return list(range(data.rank))[::-1]
+    return tuple(range(rank - 1, -1, -1)) if perm is None else tuple(int(p) for p in perm)
+
+
+def _perm(attrs, data: TensorType) -> tuple[int, ...]:
+    perm = transpose_perm(attrs, data.rank)
     if sorted(perm) != list(range(data.rank)):
-        raise VerifyError(f"Transpose: perm {tuple(perm)} is not a permutation of the dims of {data}")
-    return list(perm)
+        raise VerifyError(f"Transpose: perm {perm} is not a permutation of the dims of {data}")
+    return perm
 
 
 def _transpose_infer(attrs, types, consts):

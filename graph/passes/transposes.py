@@ -7,15 +7,10 @@ to move three. Only unencoded values are rewritten: layout/ owns packed ones.
 """
 from __future__ import annotations
 
-from ..graph import Graph, Node
+from ..graph import Graph
+from ..ops.tensor import transpose_perm
 from ..types import Value
 from .pipeline import Pass, PassResult
-
-
-def transpose_perm(node: Node, rank: int) -> tuple[int, ...]:
-    """A Transpose's perm (ONNX's default: the dims reversed)."""
-    perm = node.attrs.get("perm")
-    return tuple(int(p) for p in perm) if perm is not None else tuple(range(rank - 1, -1, -1))
 
 
 def _compose(graph: Graph) -> PassResult:
@@ -32,8 +27,8 @@ def _compose(graph: Graph) -> PassResult:
                 t.encoding is not None for t in (*inner.outputs, *node.outputs)):
             continue
         rank = graph.type_of(x).rank
-        outer = transpose_perm(node, rank)
-        perm = tuple(transpose_perm(inner, rank)[i] for i in outer)  # out[i] = x[inner[outer[i]]]
+        outer = transpose_perm(node.attrs, rank)
+        perm = tuple(transpose_perm(inner.attrs, rank)[i] for i in outer)  # out[i] = x[inner[outer[i]]]
         if perm == tuple(range(rank)):
             graph.replace_all_uses(Value(node.name), x)
             graph.remove_node(node.name)

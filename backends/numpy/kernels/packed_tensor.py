@@ -19,6 +19,7 @@ import numpy as np
 
 from ..registry import KernelSpec, Run, packed_kernel
 from .common import view_of_first
+from ....graph.ops.tensor import transpose_perm
 from ....graph.types import TensorType
 from ....layout.encoding import PackedEncoding
 from .common import norm_axes
@@ -55,7 +56,7 @@ def _transpose(spec: KernelSpec) -> Run | None:
     if not _static(spec):
         return None
     x, y = spec.in_types[0], spec.out_types[0]
-    perm = spec.attrs.get("perm") or tuple(reversed(range(x.rank)))
+    perm = transpose_perm(spec.attrs, x.rank)
     relabeled = as_encoding(x.encoding).permuted(perm)
     return _view(spec, same_buffer(y.encoding, relabeled, y.shape))
 
