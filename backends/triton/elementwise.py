@@ -19,16 +19,11 @@ import numpy as np
 
 from ...graph.graph import Graph, Node
 from ...graph.types import Splat, TensorType, Value
-from .indexing import broadcast_index, is_float, offset, triton_dtype, unravel
+from .indexing import NAN, broadcast_index, is_float, offset, triton_dtype, unravel
 from .layout_ops import COPIES, HEADS
 
 Expr = Callable[[list[str], Node, list[Any]], "str | None"]
 """(argument expressions, the node, its constant inputs) -> expression, or None."""
-
-
-NAN = ", propagate_nan=tl.PropagateNan.ALL"
-"""NaN in, NaN out, as ONNX (and numpy) have it: min/max/clamp otherwise drop a NaN on the GPU
-(Relu and Clip are written with `tl.where`, which keeps it)."""
 
 
 def _unary(fmt: str) -> Expr:

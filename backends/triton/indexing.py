@@ -113,6 +113,11 @@ def triton_dtype(dtype: np.dtype | str) -> str:
 
 FLOATS = frozenset({"float32", "float16", "bfloat16"})
 
+NAN = ", propagate_nan=tl.PropagateNan.ALL"
+"""The argument that makes tl.minimum/tl.maximum return NaN for a NaN, as ONNX, NumPy and
+PyTorch have it: by default they may drop it (they do on the GPU, and Triton's interpreter
+changed its answer between versions). Relu and Clip are written with `tl.where`, which keeps it."""
+
 
 def is_float(t: TensorType | None) -> bool:
     return t is not None and t.dtype.name in FLOATS

@@ -2,7 +2,8 @@
 
 The window loops (r, s) are unrolled by Triton; every tap is a masked load through the
 operand's encoding (NCHWc16 or plain), so the image border reads nothing: MaxPool's masked
-taps are -inf, AveragePool's are 0 and count (count_include_pad=0) or not. Padding of a packed
+taps are -inf (a NaN tap gives NaN, as in the NumPy backend and PyTorch, whatever the Triton
+version's default), AveragePool's are 0 and count (count_include_pad=0) or not. Padding of a packed
 operand is never read: taps are masked to the logical image. Elementwise nodes after the
 pool fuse into the same kernel like any chain.
 """
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from ...graph.graph import Graph, Node
 from ...graph.types import Value
-from .indexing import is_float, offset
+from .indexing import NAN, is_float, offset
 
 
 def supports(graph: Graph, node: Node) -> bool:
@@ -55,7 +56,7 @@ def pool_head(graph: Graph, node: Node, names: list[str], params: list[Value]) -
     ]
     if is_max:
         load = f"tl.load({param} + {where}, mask=ok, other=-float('inf')){widen}"
-        lines.append(f"        x_p = tl.maximum(x_p, {load})  # a NaN tap is skipped, as onnxruntime does")
+        lines.append(f"        x_p = tl.maximum(x_p, {load}{NAN})")
     else:
         lines += [f"        x_p += tl.load({param} + {where}, mask=ok, other=0.0){widen}",
                   "        taps += tl.where(ok, 1.0, 0.0)"]

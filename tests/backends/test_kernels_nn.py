@@ -109,6 +109,20 @@ def test_max_pool_indices(check, rng, x_shape, attrs, storage_order):
     check("MaxPool", [normal(rng, *x_shape)], {**attrs, "storage_order": storage_order}, n_outputs=2)
 
 
+@pytest.mark.parametrize("n_outputs", [1, 2])
+def test_max_pool_propagates_nan_as_pytorch_does_with_or_without_indices(run, rng, n_outputs):
+    torch = pytest.importorskip("torch")
+    x = normal(rng, 2, 3, 9, 8)
+    x[0, 0, 0, 0] = x[1, 2, 4, 5] = np.nan
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
+    got = run("MaxPool", [x], attrs, n_outputs=n_outputs)
+    want, indices = torch.nn.functional.max_pool2d(torch.from_numpy(x), 3, 2, 1, return_indices=True)
+    np.testing.assert_array_equal(got[0], want.numpy())  # NaN where a window holds one
+    assert np.isnan(got[0]).sum() == 3
+    if n_outputs == 2:  # PyTorch's indices are flat within each (n, c) plane, ONNX's over the tensor
+        np.testing.assert_array_equal(got[1], indices.numpy() + 9 * 8 * np.arange(6).reshape(2, 3, 1, 1))
+
+
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8])
 def test_max_pool_on_integers_pads_with_the_lowest_value(check, rng, dtype):
     info = np.iinfo(dtype)

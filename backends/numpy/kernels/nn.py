@@ -177,6 +177,8 @@ def max_pool(x: np.ndarray, geo: Window, indices: bool = False, storage_order: i
     for k, offset in enumerate(offsets[1:], start=1):
         candidate = view[(...,) + offset]
         better = np.greater(candidate, y)  # strictly: the first maximum wins ties
+        if y.dtype.kind == "f":  # a NaN wins, as without indices and in PyTorch
+            better |= np.isnan(candidate) & ~np.isnan(y)
         best[better] = k
         np.copyto(y, candidate, where=better)
     return y, _flat_indices(x.shape, geo, best, offsets, storage_order)
