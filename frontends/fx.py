@@ -92,7 +92,8 @@ def numpy_view(tensor: torch.Tensor) -> np.ndarray:
         raise UnsupportedOpError(f"a tensor of element type {array.dtype} is not supported by tilefold")
     if array.device.type != "cpu":
         raise UnsupportedOpError(f"a tensor on {array.device} cannot be frozen: tilefold runs on the CPU")
-    return freeze(np.ascontiguousarray(array.resolve_conj().resolve_neg().numpy()))
+    # np.require, not np.ascontiguousarray: that one makes a 0-d tensor (CLIP's logit_scale) 1-d
+    return freeze(np.require(array.resolve_conj().resolve_neg().numpy(), requirements="C"))
 
 
 def _attr(gm: torch.nn.Module, target: str) -> torch.Tensor:

@@ -36,6 +36,29 @@ def test_compiled_model_matches_eager_and_keeps_no_layout_op(zoo, name, shape):
     assert reports[0].optimized.report.to_dict()["layout_ops_after"] == 0
 
 
+def test_zero_dim_parameters_and_tensor_constants_stay_zero_dim():
+    """CLIP's logit_scale (a 0-d parameter) and Bloom's torch.tensor(0.5) constant: frozen as 0-d
+    arrays, so the graph runs wholly on tilefold with torch's shapes."""
+
+    class Scaled(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.tensor(0.7))
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            slopes = torch.pow(torch.tensor(0.5), torch.arange(1, 4, dtype=torch.int32))
+            return x.sum() * self.scale.exp(), x * slopes
+
+    model, reports = Scaled().eval(), []
+    compiled = torch.compile(model, backend="tilefold", options={"report": reports.append})
+    x = torch.from_numpy(np.random.default_rng(5).standard_normal((4, 3)).astype(np.float32))
+    with torch.no_grad():
+        got, want = compiled(x), model(x)
+    for g, w in zip(got, want):
+        close(g, w)
+    assert reports[0].fallback == {}
+
+
 def test_inference_mode_and_integer_inputs():
     rng = np.random.default_rng(1)
     torch.manual_seed(1)
