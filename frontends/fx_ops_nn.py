@@ -115,9 +115,7 @@ def _softmax(emit: Emitter, node: torch.fx.Node) -> Value:
 def _pool_check(node: torch.fx.Node) -> str | None:
     if node.target == aten.max_pool2d_with_indices.default:
         return _only_first_result(node)
-    if arg(node, 6, "divisor_override", None) is not None:
-        return "divisor_override"
-    return "ceil_mode" if arg(node, 4, "ceil_mode", False) else None
+    return "divisor_override" if arg(node, 6, "divisor_override", None) is not None else None
 
 
 @rule(aten.max_pool2d_with_indices.default, aten.avg_pool2d.default, check=_pool_check)
@@ -131,7 +129,8 @@ def _pool(emit: Emitter, node: torch.fx.Node) -> Value | tuple[Value | None, ...
         attrs.update(dilations=tuple(_spread(arg(node, 4, "dilation", 1), 2)),
                      ceil_mode=int(arg(node, 5, "ceil_mode", False)))
         return (emit.op("MaxPool", [x], attrs, node=node, result=0), None)
-    attrs.update(count_include_pad=int(arg(node, 5, "count_include_pad", True)))
+    attrs.update(ceil_mode=int(arg(node, 4, "ceil_mode", False)),
+                 count_include_pad=int(arg(node, 5, "count_include_pad", True)))
     return emit.op("AveragePool", [x], attrs, node=node)
 
 

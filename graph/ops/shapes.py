@@ -195,16 +195,16 @@ def window_out(
     if not isinstance(size, int):
         return size if stride == 1 and sum(pads) == span - 1 else fresh(op, index)
     room = size + pads[0] + pads[1] - span
-    if room < 0:
+    out = room // stride + 1
+    if ceil_mode:  # a window may then overhang the padded input (EfficientNet's 320-wide pool of 2x2)
+        out = -(-room // stride) + 1
+        if (out - 1) * stride >= size + pads[0]:
+            out -= 1
+    if out < 1:
         raise VerifyError(
             f"{op}: window {span} (kernel {kernel}, dilation {dilation}) is larger than the "
             f"padded input {size + pads[0] + pads[1]} on spatial dim {index}"
         )
-    if not ceil_mode:
-        return room // stride + 1
-    out = -(-room // stride) + 1
-    if (out - 1) * stride >= size + pads[0]:
-        out -= 1
     return out
 
 

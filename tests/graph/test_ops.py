@@ -124,6 +124,14 @@ def test_multi_output_ops_return_every_possible_output():
     assert [t.shape for t in parts] == [(4, 4), (4, 4), (2, 4)]
 
 
+def test_a_ceil_mode_window_may_overhang_the_input_as_in_pytorch():
+    """EfficientNet's pooler (kernel 320, ceil_mode) on a 2x2 map gives one window; without
+    ceil_mode the same window is an error (see the inconsistent-inputs cases below)."""
+    assert infer("AveragePool", [T(1, 3, 2, 2)], kernel_shape=(320, 320), strides=(320, 320),
+                 ceil_mode=1)[0].shape == (1, 3, 1, 1)
+    assert infer("MaxPool", [T(1, 3, 5, 6)], kernel_shape=(7, 7), strides=(7, 7), ceil_mode=1)[0].shape == (1, 3, 1, 1)
+
+
 # ---- signatures ----------------------------------------------------------------------------
 def test_matmul_signature_reduces_k_and_broadcasts_batch():
     s = sig("MatMul", [T(1, 5, 7), T(3, 7, 2)])

@@ -119,3 +119,17 @@ def test_as_strided_of_a_contiguous_tensor(size, stride, offset):
     x = torch.randn(4, 6)
     out = tilefold.compile(graph)({graph.inputs[0]: x.numpy()})["output_0"]
     np.testing.assert_array_equal(out, View()(x).numpy())
+
+
+@pytest.mark.parametrize("pool", [
+    torch.nn.AvgPool2d(3, stride=2, padding=1, ceil_mode=True),
+    torch.nn.AvgPool2d(3, stride=2, ceil_mode=True, count_include_pad=False),
+    torch.nn.AvgPool2d(320, ceil_mode=True),  # EfficientNet's pooler: the window overhangs the 5x6 map
+    torch.nn.MaxPool2d(7, ceil_mode=True),
+], ids=["avg-pad", "avg-exclude-pad", "avg-320", "max-7"])
+def test_ceil_mode_pools_convert_and_run_like_eager(pool):
+    x = torch.from_numpy(np.random.default_rng(6).standard_normal((2, 4, 5, 6)).astype(np.float32))
+    graph = tilefold.from_torch(pool, (x,))
+    for target in ("cpu", "gpu"):
+        out = tilefold.compile(tilefold.optimize(graph, target).graph)({graph.inputs[0]: x.numpy()})["output_0"]
+        np.testing.assert_allclose(out, pool(x).numpy(), atol=1e-6, rtol=1e-5)

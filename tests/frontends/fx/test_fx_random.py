@@ -7,6 +7,7 @@ linear, batched matmul, softmax, layer norm, reductions) on an image or a sequen
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -75,9 +76,14 @@ def random_module(draw):
             out = (n, f, (h + 2 * pad - span) // stride + 1, (w + 2 * pad - span) // stride + 1)
         elif op == "pool":
             kind = draw(st.sampled_from(["max", "avg"]))
-            fn = F.max_pool2d if kind == "max" else F.avg_pool2d
-            steps.append(lambda v, p, src=src, fn=fn: fn(v[src], 2))
-            out = (s[0], s[1], s[2] // 2, s[3] // 2)
+            k = draw(st.sampled_from([2, 3]))
+            options = {"kernel_size": k, "stride": draw(st.sampled_from([1, 2])), "padding": draw(st.integers(0, k // 2)),
+                       "ceil_mode": draw(st.booleans())}
+            if kind == "avg":
+                options["count_include_pad"] = draw(st.booleans())
+            fn = functools.partial(F.max_pool2d if kind == "max" else F.avg_pool2d, **options)
+            steps.append(lambda v, p, src=src, fn=fn: fn(v[src]))
+            out = tuple(fn(torch.empty(s, device="meta")).shape)
         elif op == "concat":
             steps.append(lambda v, p, src=src: torch.cat([v[src], torch.relu(v[src])], 1))
             out = (s[0], 2 * s[1], *s[2:])
