@@ -2,6 +2,7 @@
 
 Signatures:
 - BatchNormalization (inference) `nchw,c,c,c,c->nchw`: per-channel, all dims parallel.
+- InstanceNormalization `nchw,c,c->nchw` with the spatial dims reductions.
 - LayerNormalization `abc,c,c->abc,ab1,ab1` for axis=-1: the normalized dims are
   reductions; Scale and B broadcast over the normalized dims like elementwise operands.
 - Softmax / LogSoftmax `abc->abc` with the axis dim a reduction.
@@ -61,6 +62,31 @@ register(OpDef(
     defaults={"epsilon": _f32(1e-5), "momentum": _f32(0.9), "training_mode": 0},
     doc="Inference form (training_mode=0) has one output. infer returns Y, running_mean "
         "and running_var; a node takes the prefix it declares. No signature in training mode.",
+))
+
+
+# ---- InstanceNormalization ------------------------------------------------------------
+def _instancenorm_infer(attrs, types, consts):
+    x = types[0]
+    if x.rank < 3:
+        raise VerifyError(f"InstanceNormalization: input {x} must have rank >= 3 (N, C, D1, ...)")
+    channels = x.shape[1]
+    for name, t in zip(("scale", "B"), types[1:]):
+        if t.rank != 1 or conflict(t.shape[0], channels):
+            raise VerifyError(f"InstanceNormalization: {name} {t} must be 1-D of length C={channels} for input {x}")
+    return [TensorType(x.shape, x.dtype)]
+
+
+def _instancenorm_signature(attrs, types, outs, consts=None):
+    letters = _letters(types[0].rank)
+    c = (letters[1],)
+    return Signature((letters, c, c), (letters,), {d: "reduction" for d in letters[2:]})
+
+
+register(OpDef(
+    "InstanceNormalization", infer=_instancenorm_infer, signature=_instancenorm_signature,
+    layout="sensitive", min_inputs=3, max_inputs=3, defaults={"epsilon": _f32(1e-5)},
+    doc="Normalizes each (n, c) over its spatial dims, then scales and shifts per channel.",
 ))
 
 

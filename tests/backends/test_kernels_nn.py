@@ -42,6 +42,14 @@ def test_layer_normalization_mean_and_inverse_std_outputs(check, rng):
           rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("shape", [(2, 3, 5, 4), (1, 4, 7), (2, 2, 3, 4, 5)])
+@pytest.mark.parametrize("epsilon", [1e-5, 0.1])
+def test_instance_normalization(check, rng, shape, epsilon):
+    c = shape[1]
+    check("InstanceNormalization", [normal(rng, *shape) * 3 + 1, normal(rng, c), normal(rng, c)],
+          {"epsilon": epsilon}, rtol=1e-4, atol=1e-5)
+
+
 def test_layer_normalization_of_float16_computes_in_float32(check, rng):
     x = normal(rng, 5, 8).astype(np.float16)
     check("LayerNormalization", [x, normal(rng, 8).astype(np.float16)], {}, rtol=5e-3, atol=5e-3, reference="onnx")
