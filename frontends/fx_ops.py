@@ -209,6 +209,27 @@ def _pow(emit: Emitter, node: torch.fx.Node) -> Value:
     return emit.op("Pow", [emit.tensor(node.args[0], dtype), emit.tensor(node.args[1], dtype)], node=node)
 
 
+@rule(aten.fmod.Tensor, aten.fmod.Scalar)
+def _fmod(emit: Emitter, node: torch.fx.Node) -> Value:
+    dtype = out_val(node).dtype
+    return emit.op("Mod", [emit.tensor(node.args[0], dtype), emit.tensor(node.args[1], dtype)], {"fmod": 1}, node=node)
+
+
+@rule(aten.remainder.Tensor, aten.remainder.Scalar)
+def _remainder(emit: Emitter, node: torch.fx.Node) -> Value:
+    """Python's modulo (the divisor's sign): Mod itself for integers; for floats, which ONNX's
+    Mod takes only as fmod, fmod plus the divisor where the signs differ, as PyTorch computes it."""
+    dtype = out_val(node).dtype
+    a, b = emit.tensor(node.args[0], dtype), emit.tensor(node.args[1], dtype)
+    if not dtype.is_floating_point:
+        return emit.op("Mod", [a, b], {"fmod": 0}, node=node)
+    mod = emit.op("Mod", [a, b], {"fmod": 1})
+    zero = emit.scalar(0, dtype)
+    signs_differ = emit.op("Xor", [emit.op("Less", [mod, zero]), emit.op("Less", [b, zero])])
+    nonzero = emit.op("Not", [emit.op("Equal", [mod, zero])])
+    return emit.op("Where", [emit.op("And", [nonzero, signs_differ]), emit.op("Add", [mod, b]), mod], node=node)
+
+
 @rule(aten.where.self)
 def _where(emit: Emitter, node: torch.fx.Node) -> Value:
     dtype = out_val(node).dtype
@@ -285,6 +306,29 @@ def _slice(emit: Emitter, node: torch.fx.Node) -> Value:
     end = np.iinfo(np.int64).max if end is None else end
     inputs = [emit.value(node.args[0]), emit.ints([start]), emit.ints([end]), emit.ints([dim]), emit.ints([step])]
     return emit.op("Slice", inputs, node=node)
+
+
+@rule(aten.flip.default)
+def _flip(emit: Emitter, node: torch.fx.Node) -> Value:
+    rank = _rank(node)
+    dims = sorted({d % rank for d in node.args[1]}) if rank else []
+    if not dims:
+        return emit.op("Identity", [emit.value(node.args[0])], node=node)
+    lowest = int(np.iinfo(np.int64).min)
+    inputs = [emit.value(node.args[0]), emit.ints([-1] * len(dims)), emit.ints([lowest] * len(dims)), emit.ints(dims),
+              emit.ints([-1] * len(dims))]
+    return emit.op("Slice", inputs, node=node)
+
+
+@rule(aten.repeat.default)
+def _repeat(emit: Emitter, node: torch.fx.Node) -> Value:
+    """Tile; extra leading repeats first give the input leading dims of size 1, as torch does."""
+    repeats = [int(r) for r in node.args[1]]
+    x = emit.value(node.args[0])
+    shape = tuple(int(d) for d in node.args[0].meta["val"].shape)
+    if len(repeats) > len(shape):
+        x = emit.op("Reshape", [x, emit.ints((1,) * (len(repeats) - len(shape)) + shape)], {"allowzero": 1})
+    return emit.op("Tile", [x, emit.ints(repeats)], node=node)
 
 
 @rule(aten.select.int)
