@@ -392,8 +392,6 @@ def _index_check(node: torch.fx.Node) -> str | None:
     present = [i for i in indices if i is not None]
     if any(i.meta["val"].dtype not in (torch.int64, torch.int32) for i in present):
         return "boolean index tensors"
-    if len(present) > 1 and any(i is None for i in indices[: len(present)]):
-        return "index tensors that do not lead"
     return None
 
 
@@ -405,12 +403,24 @@ def _index(emit: Emitter, node: torch.fx.Node) -> Value:
     if len(present) == 1:
         axis = next(i for i, t in enumerate(indices) if t is not None)
         return emit.op("Gather", [x, emit.value(present[0])], {"axis": axis}, node=node)
-    # x[i0, ..., ik] with broadcasting index tensors: GatherND over the stacked indices
+    # x[..., i0, ..., ik, ...] with broadcasting index tensors: GatherND over the stacked
+    # indices, the indexed dims moved to the front first. As in NumPy and PyTorch, the
+    # broadcast dims replace adjacent indexed dims in place, and lead otherwise.
+    rank = node.args[0].meta["val"].dim()
+    indexed = [d for d, i in enumerate(indices) if i is not None]
+    others = [d for d in range(rank) if d not in indexed]
+    if indexed != list(range(len(indexed))):
+        x = emit.op("Transpose", [x], {"perm": tuple(indexed + others)})
     shape = torch.broadcast_shapes(*(i.meta["val"].shape for i in present))
     columns = [emit.op("Unsqueeze", [emit.op("Expand", [emit.tensor(i, torch.int64), emit.ints(shape)]),
                                      emit.ints([len(shape)])]) for i in present]
     stacked = emit.op("Concat", columns, {"axis": len(shape)})
-    return emit.op("GatherND", [x, stacked], node=node)
+    first, m = indexed[0], len(shape)
+    if first == 0 or indexed != list(range(first, first + len(indexed))):
+        return emit.op("GatherND", [x, stacked], node=node)
+    gathered = emit.op("GatherND", [x, stacked])
+    perm = [m + t for t in range(first)] + list(range(m)) + [m + t for t in range(first, len(others))]
+    return emit.op("Transpose", [gathered], {"perm": tuple(perm)}, node=node)
 
 
 @rule(aten.gather.default,

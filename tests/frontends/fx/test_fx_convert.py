@@ -133,3 +133,25 @@ def test_ceil_mode_pools_convert_and_run_like_eager(pool):
     for target in ("cpu", "gpu"):
         out = tilefold.compile(tilefold.optimize(graph, target).graph)({graph.inputs[0]: x.numpy()})["output_0"]
         np.testing.assert_allclose(out, pool(x).numpy(), atol=1e-6, rtol=1e-5)
+
+
+_I, _J = torch.tensor([0, 2, -1]), torch.tensor([[1], [3]])
+
+
+@pytest.mark.parametrize("index", [
+    lambda x: x[:, _I],
+    lambda x: x[:, _I, _J],  # adjacent indexed dims: the broadcast dims stay in their place
+    lambda x: x[:, :, _I, _J],
+    lambda x: x[_I, :, _J],  # separated: the broadcast dims lead
+    lambda x: x[:, _I[:, None], _I[None, :]],  # ConvBERT's and BEiT's pattern
+    lambda x: x[_I, _J],
+], ids=["one", "adjacent", "adjacent-last", "separated", "outer", "leading"])
+def test_advanced_indexing_anywhere_converts_and_runs_like_eager(index):
+    class Index(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return index(x * 2)
+
+    x = torch.from_numpy(np.random.default_rng(7).standard_normal((4, 5, 6, 7)).astype(np.float32))
+    graph = tilefold.from_torch(Index(), (x,))
+    out = tilefold.compile(graph)({graph.inputs[0]: x.numpy()})["output_0"]
+    np.testing.assert_array_equal(out, Index()(x).numpy())
