@@ -331,6 +331,39 @@ def _repeat(emit: Emitter, node: torch.fx.Node) -> Value:
     return emit.op("Tile", [x, emit.ints(repeats)], node=node)
 
 
+@rule(aten.slice_scatter.default)
+def _slice_scatter(emit: Emitter, node: torch.fx.Node) -> Value:
+    """`x[..., start:end:step, ...] = src` (BEiT's relative-position table): src spread over
+    x's extent along dim by a Gather at constant positions, then chosen where the slice is."""
+    x_val = node.args[0].meta["val"]
+    rank, dtype = x_val.dim(), out_val(node).dtype
+    dim = arg(node, 2, "dim", 0) % rank
+    length = int(x_val.shape[dim])
+    start, end, step = arg(node, 3, "start", None), arg(node, 4, "end", None), arg(node, 5, "step", 1)
+    positions = range(length)[slice(start, end, step)]
+    src = emit.tensor(node.args[1], dtype)
+    if len(positions) == length:
+        return emit.op("Identity", [src], node=node)
+    where = np.zeros(length, np.int64)
+    where[list(positions)] = np.arange(len(positions))
+    mask = np.zeros(length, bool)
+    mask[list(positions)] = True
+    shape = [1] * rank
+    shape[dim] = length
+    spread = emit.op("Gather", [src, emit.constant(where)], {"axis": dim})
+    return emit.op("Where", [emit.constant(mask.reshape(shape)), spread, emit.tensor(node.args[0], dtype)], node=node)
+
+
+@rule(aten.copy.default)
+def _copy(emit: Emitter, node: torch.fx.Node) -> Value:
+    """The functional copy_: src broadcast to self's shape, in self's dtype."""
+    val = out_val(node)
+    src = emit.tensor(node.args[1], val.dtype)
+    if tuple(node.args[1].meta["val"].shape) == tuple(val.shape):
+        return emit.op("Identity", [src], node=node)
+    return emit.op("Expand", [src, emit.ints(val.shape)], node=node)
+
+
 @rule(aten.select.int)
 def _select(emit: Emitter, node: torch.fx.Node) -> Value:
     dim = node.args[1] % _rank(node)

@@ -155,3 +155,33 @@ def test_advanced_indexing_anywhere_converts_and_runs_like_eager(index):
     graph = tilefold.from_torch(Index(), (x,))
     out = tilefold.compile(graph)({graph.inputs[0]: x.numpy()})["output_0"]
     np.testing.assert_array_equal(out, Index()(x).numpy())
+
+
+def _into_zeros(x: torch.Tensor) -> torch.Tensor:
+    y = torch.zeros(6, 7)
+    y[1:, 2:] = x[:5, :5]  # BEiT's relative-position table
+    return y
+
+
+def _strided_fill(x: torch.Tensor) -> torch.Tensor:
+    y = x.clone()
+    y[::2, 1:6:3] = 5.0
+    return y
+
+
+def _row(x: torch.Tensor) -> torch.Tensor:
+    y = torch.ones(3, 6, 7)
+    y[1] = x
+    return y
+
+
+@pytest.mark.parametrize("assign", [_into_zeros, _strided_fill, _row])
+def test_slice_assignment_converts_and_runs_like_eager(assign):
+    class Assign(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return assign(x) * 2
+
+    x = torch.from_numpy(np.random.default_rng(8).standard_normal((6, 7)).astype(np.float32))
+    graph = tilefold.from_torch(Assign(), (x,))
+    out = tilefold.compile(graph)({graph.inputs[0]: x.numpy()})["output_0"]
+    np.testing.assert_array_equal(out, Assign()(x).numpy())
