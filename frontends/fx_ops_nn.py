@@ -204,6 +204,18 @@ def _argmax(emit: Emitter, node: torch.fx.Node) -> Value:
     return emit.op(op, [x], {"axis": dim % max(_rank(node), 1), "keepdims": int(keep)}, node=node)
 
 
+@rule(aten.max.dim, aten.min.dim, check=lambda n: None if _rank(n) else "a 0-d input")
+def _max_dim(emit: Emitter, node: torch.fx.Node) -> tuple[Value, Value]:
+    """The values (ReduceMax) and the indices of the first extreme (ArgMax), as torch returns."""
+    largest = node.target == aten.max.dim
+    dim, keep = node.args[1] % _rank(node), int(arg(node, 2, "keepdim", False))
+    x = emit.value(node.args[0])
+    values = emit.op("ReduceMax" if largest else "ReduceMin", [x, emit.ints([dim])], {"keepdims": keep},
+                     node=node, result=0)
+    indices = emit.op("ArgMax" if largest else "ArgMin", [x], {"axis": dim, "keepdims": keep}, node=node, result=1)
+    return values, indices
+
+
 @rule(aten.cumsum.default)
 def _cumsum(emit: Emitter, node: torch.fx.Node) -> Value:
     x = emit.tensor(node.args[0], out_val(node).dtype)  # torch sums integers and bools as int64

@@ -185,3 +185,18 @@ def test_slice_assignment_converts_and_runs_like_eager(assign):
     graph = tilefold.from_torch(Assign(), (x,))
     out = tilefold.compile(graph)({graph.inputs[0]: x.numpy()})["output_0"]
     np.testing.assert_array_equal(out, Assign()(x).numpy())
+
+
+@pytest.mark.parametrize("largest", [True, False])
+@pytest.mark.parametrize("dim, keepdim", [(1, False), (-1, True)])
+def test_max_and_min_along_a_dim_give_values_and_first_indices(largest, dim, keepdim):
+    class Extreme(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            values, indices = (torch.max if largest else torch.min)(x.round(), dim=dim, keepdim=keepdim)
+            return values * 2, indices
+
+    x = torch.from_numpy(np.random.default_rng(9).standard_normal((4, 5, 6)).astype(np.float32) * 2)  # ties
+    graph = tilefold.from_torch(Extreme(), (x,))
+    got = tilefold.compile(graph)({graph.inputs[0]: x.numpy()})
+    for name, want in zip(("output_0", "output_1"), Extreme()(x)):
+        np.testing.assert_array_equal(got[name], want.numpy())
