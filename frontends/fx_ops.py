@@ -193,13 +193,23 @@ def _ne(emit: Emitter, node: torch.fx.Node) -> Value:
     return emit.op("Not", [_binary("Equal", compare=True)(emit, node)], node=node)
 
 
-@rule(aten.div.Tensor_mode, check=lambda n: None if n.kwargs.get("rounding_mode") in (None, "floor")
-      and out_val(n).dtype.is_floating_point else "integer or truncating division")
+@rule(aten.div.Tensor_mode)
 def _div_mode(emit: Emitter, node: torch.fx.Node) -> Value:
-    quotient = _binary("Div")(emit, node)
-    if node.kwargs.get("rounding_mode") == "floor":
+    """True, floor or truncating division. Integer Div truncates (as onnxruntime's); floor on
+    integers divides a - (a mod b), which is exact; truncation on floats is sign(q) floor(|q|)."""
+    mode, dtype = node.kwargs.get("rounding_mode"), out_val(node).dtype
+    if mode is None:
+        return _binary("Div")(emit, node)
+    a, b = emit.tensor(node.args[0], dtype), emit.tensor(node.args[1], dtype)
+    if not dtype.is_floating_point:
+        if mode == "floor":
+            a = emit.op("Sub", [a, emit.op("Mod", [a, b], {"fmod": 0})])
+        return emit.op("Div", [a, b], node=node)
+    quotient = emit.op("Div", [a, b])
+    if mode == "floor":
         return emit.op("Floor", [quotient], node=node)
-    return quotient
+    whole = emit.op("Floor", [emit.op("Abs", [quotient])])
+    return emit.op("Mul", [emit.op("Sign", [quotient]), whole], node=node)
 
 
 @rule(aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.pow.Scalar,

@@ -200,3 +200,17 @@ def test_max_and_min_along_a_dim_give_values_and_first_indices(largest, dim, kee
     got = tilefold.compile(graph)({graph.inputs[0]: x.numpy()})
     for name, want in zip(("output_0", "output_1"), Extreme()(x)):
         np.testing.assert_array_equal(got[name], want.numpy())
+
+
+@pytest.mark.parametrize("mode", ["floor", "trunc"])
+def test_integer_division_rounds_as_torch_does_for_negative_operands(mode):
+    class Divide(torch.nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return torch.div(a * 3, b, rounding_mode=mode)
+
+    rng = np.random.default_rng(10)
+    a = torch.from_numpy(rng.integers(-20, 20, 40))
+    b = torch.from_numpy(rng.integers(1, 7, 40) * rng.choice([-1, 1], 40))
+    graph = tilefold.from_torch(Divide(), (a, b))
+    out = tilefold.compile(graph)(dict(zip(graph.inputs, (a.numpy(), b.numpy()))))["output_0"]
+    np.testing.assert_array_equal(out, Divide()(a, b).numpy())

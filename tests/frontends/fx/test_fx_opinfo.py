@@ -33,7 +33,10 @@ CLAIMED = (
 TOLERANCES = {"nn.functional.conv2d": (1e-4, 1e-4)}
 """(atol, rtol) beyond the default (1e-5, 1.3e-6): a convolution sums its products in another
 order as an im2col GEMM than oneDNN's direct kernel."""
-OPS = [op for op in op_db if op.name in CLAIMED and op.variant_test_name == ""]
+VARIANTS = {"div"}
+"""Claimed ops whose OpInfo entries are all variants (div: no, trunc and floor rounding)."""
+OPS = [op for op in op_db if op.name in CLAIMED and (op.variant_test_name == "" or op.name in VARIANTS)]
+IDS = [".".join(filter(None, (op.name, op.variant_test_name))) for op in OPS]
 
 
 def _run(op, limit: int | None) -> Counter:
@@ -60,7 +63,7 @@ def _run(op, limit: int | None) -> Counter:
     return counts
 
 
-@pytest.mark.parametrize("op", OPS, ids=[op.name for op in OPS])
+@pytest.mark.parametrize("op", OPS, ids=IDS)
 def test_opinfo_samples_match_eager(op):
     counts = _run(op, SAMPLES)
     print(f"{op.name}: {counts['on tilefold']}/{counts['samples']} samples on tilefold")
@@ -68,7 +71,7 @@ def test_opinfo_samples_match_eager(op):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("op", OPS, ids=[op.name for op in OPS])
+@pytest.mark.parametrize("op", OPS, ids=IDS)
 def test_opinfo_all_samples_match_eager(op):
     counts = _run(op, None)
     print(f"{op.name}: {counts['on tilefold']}/{counts['samples']} samples on tilefold")
