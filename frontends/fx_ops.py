@@ -212,8 +212,7 @@ def _div_mode(emit: Emitter, node: torch.fx.Node) -> Value:
     return emit.op("Mul", [emit.op("Sign", [quotient]), whole], node=node)
 
 
-@rule(aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.pow.Scalar,
-      check=lambda n: None if out_val(n).dtype.is_floating_point else "integer power")
+@rule(aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor, aten.pow.Scalar)
 def _pow(emit: Emitter, node: torch.fx.Node) -> Value:
     dtype = out_val(node).dtype
     return emit.op("Pow", [emit.tensor(node.args[0], dtype), emit.tensor(node.args[1], dtype)], node=node)

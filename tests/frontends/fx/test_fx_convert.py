@@ -214,3 +214,17 @@ def test_integer_division_rounds_as_torch_does_for_negative_operands(mode):
     graph = tilefold.from_torch(Divide(), (a, b))
     out = tilefold.compile(graph)(dict(zip(graph.inputs, (a.numpy(), b.numpy()))))["output_0"]
     np.testing.assert_array_equal(out, Divide()(a, b).numpy())
+
+
+def test_integer_powers_stay_integers():
+    class Power(torch.nn.Module):
+        def forward(self, a: torch.Tensor, e: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return a ** e, 2 ** e + a ** 3
+
+    rng = np.random.default_rng(11)
+    a, e = torch.from_numpy(rng.integers(-5, 6, 30)), torch.from_numpy(rng.integers(0, 4, 30))
+    graph = tilefold.from_torch(Power(), (a, e))
+    got = tilefold.compile(graph)(dict(zip(graph.inputs, (a.numpy(), e.numpy()))))
+    for name, want in zip(("output_0", "output_1"), Power()(a, e)):
+        assert got[name].dtype == np.int64
+        np.testing.assert_array_equal(got[name], want.numpy())
