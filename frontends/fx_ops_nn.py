@@ -216,6 +216,15 @@ def _max_dim(emit: Emitter, node: torch.fx.Node) -> tuple[Value, Value]:
     return values, indices
 
 
+@rule(aten.topk.default, check=lambda n: None if _rank(n) else "a 0-d input")
+def _topk(emit: Emitter, node: torch.fx.Node) -> tuple[Value, ...]:
+    """TopK, always sorted (torch's sorted=False leaves the order unspecified)."""
+    dim = arg(node, 2, "dim", -1) % _rank(node)
+    largest = int(arg(node, 3, "largest", True))
+    inputs = [emit.value(node.args[0]), emit.ints([int(node.args[1])])]
+    return emit.op("TopK", inputs, {"axis": dim, "largest": largest, "sorted": 1}, node=node, n_out=2)
+
+
 @rule(aten.cumsum.default)
 def _cumsum(emit: Emitter, node: torch.fx.Node) -> Value:
     x = emit.tensor(node.args[0], out_val(node).dtype)  # torch sums integers and bools as int64

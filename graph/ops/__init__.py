@@ -14,7 +14,7 @@ Add Sub Mul Div Pow Mod Max Min Sum Mean Equal Less LessOrEqual Greater GreaterO
 Xor PRelu Where Clip Cast CastLike Identity Dropout
 MatMul Gemm Conv BatchNormalization InstanceNormalization LayerNormalization LRN Softmax LogSoftmax MaxPool
 AveragePool GlobalAveragePool GlobalMaxPool
-ReduceMean ReduceSum ReduceMax ReduceMin ReduceProd ArgMax ArgMin
+ReduceMean ReduceSum ReduceMax ReduceMin ReduceProd ArgMax ArgMin TopK
 Reshape Flatten Transpose Squeeze Unsqueeze Expand Concat Split Slice Gather GatherElements
 GatherND Tile Pad Shape Size ConstantOfShape Range Trilu CumSum
 """.split())
@@ -25,7 +25,7 @@ SHAPE_INPUTS: dict[str, frozenset[int]] = {
     "Reshape": frozenset({1}), "Expand": frozenset({1}), "Tile": frozenset({1}),
     "ConstantOfShape": frozenset({0}), "Range": frozenset({0, 1, 2}),
     "Slice": frozenset({1, 2, 3, 4}), "Pad": frozenset({1, 3}), "Split": frozenset({1}),
-    "Squeeze": frozenset({1}), "Unsqueeze": frozenset({1}),
+    "Squeeze": frozenset({1}), "Unsqueeze": frozenset({1}), "TopK": frozenset({1}),
     **{op: frozenset({1}) for op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd")},
 }
 """Input slots whose values decide result shapes (shape, axes, pads, repeats, ...): infer

@@ -142,6 +142,30 @@ for _op in ("ArgMax", "ArgMin"):
     ))
 
 
+def _topk_infer(attrs, types, consts):
+    data, k = types[0], types[1]
+    if data.rank == 0:
+        raise VerifyError(f"TopK: input {data} must have rank >= 1")
+    if k is not None and k.rank != 1:
+        raise VerifyError(f"TopK: K {k} must be 1-D with one element")
+    axis = norm_axis(attrs["axis"], data.rank)
+    ks = const_ints(consts[1]) if len(consts) > 1 else None
+    size: Dim = fresh("TopK", 0)
+    if ks is not None:
+        extent = data.shape[axis]
+        if len(ks) != 1 or ks[0] < 0 or (isinstance(extent, int) and ks[0] > extent):
+            raise VerifyError(f"TopK: K={ks} must be one value in [0, {extent}] (axis {axis} of input {data})")
+        size = ks[0]
+    shape = data.shape[:axis] + (size,) + data.shape[axis + 1:]
+    return [TensorType(shape, data.dtype), TensorType(shape, INT64)]
+
+
+register(OpDef("TopK", infer=_topk_infer, min_inputs=2, max_inputs=2,
+               defaults={"axis": -1, "largest": 1, "sorted": 1},
+               doc="The K largest (or smallest) values along axis and their int64 indices, sorted, the "
+                   "lower index first among equal values (a selection: no iteration signature)."))
+
+
 def _cumsum_infer(attrs, types, consts):
     data, axis = types[0], types[1]
     if data.rank == 0:

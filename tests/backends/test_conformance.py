@@ -33,7 +33,7 @@ CLAIMED = frozenset("""
     Where Clip Cast CastLike Identity Dropout
     MatMul Gemm Conv BatchNormalization InstanceNormalization LayerNormalization LRN Softmax LogSoftmax MaxPool
     AveragePool GlobalAveragePool GlobalMaxPool
-    ReduceMean ReduceSum ReduceMax ReduceMin ReduceProd ArgMax ArgMin
+    ReduceMean ReduceSum ReduceMax ReduceMin ReduceProd ArgMax ArgMin TopK
     Reshape Flatten Transpose Squeeze Unsqueeze Expand Concat Split Slice Gather GatherElements
     GatherND Tile Pad Shape Size ConstantOfShape Range Trilu CumSum
 """.split())

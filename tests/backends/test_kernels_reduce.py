@@ -57,3 +57,12 @@ def test_arg_reductions_with_ties(check, rng, op, axis, keepdims, last):
 
 def test_arg_max_on_floats(check, rng):
     check("ArgMax", [rng.standard_normal((3, 7)).astype(np.float32)], {"axis": 1})
+
+
+@pytest.mark.parametrize("axis, k", [(-1, 3), (0, 2), (1, 5)])
+@pytest.mark.parametrize("largest", [0, 1])
+@pytest.mark.parametrize("dtype", [np.float32, np.int64])
+def test_top_k_with_ties_takes_the_lower_index_first(check, rng, axis, k, largest, dtype):
+    x = rng.integers(-3, 4, (4, 6, 5)).astype(dtype)  # many ties
+    check("TopK", [x, np.array([k], np.int64)], {"axis": axis, "largest": largest}, consts=[1], n_outputs=2,
+          rtol=0, atol=0)

@@ -1,4 +1,4 @@
-"""Reductions (ReduceMean, ReduceSum, ReduceMax, ReduceMin, ReduceProd) and ArgMax/ArgMin.
+"""Reductions (ReduceMean, ReduceSum, ReduceMax, ReduceMin, ReduceProd), ArgMax/ArgMin and TopK.
 
 Reductions take their axes as an optional input (opset >= 18 form); a missing or empty
 axes input reduces every axis, unless `noop_with_empty_axes` asks for the input back.
@@ -88,6 +88,26 @@ def _register_arg(op: str, fn: Callable) -> None:
 
 _register_arg("ArgMax", np.argmax)
 _register_arg("ArgMin", np.argmin)
+
+
+@kernel("TopK")
+def _topk(spec: KernelSpec) -> Run:
+    """A stable argsort along the axis, so equal values keep the lower index first, as ONNX
+    asks; for the largest, the sort runs over the flipped axis and its order is reversed
+    (negating would overflow the lowest integer and misorder unsigned ones)."""
+    check_dtypes(spec)
+    axis_attr, largest = int(spec.attrs.get("axis", -1)), bool(spec.attrs.get("largest", 1))
+
+    def run(x: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        axis, count = axis_attr % x.ndim, int(np.asarray(k).reshape(-1)[0])
+        if largest:
+            order = x.shape[axis] - 1 - np.flip(np.argsort(np.flip(x, axis), axis=axis, kind="stable"), axis)
+        else:
+            order = np.argsort(x, axis=axis, kind="stable")
+        index = np.take(order, np.arange(count), axis=axis).astype(np.int64, copy=False)
+        return np.take_along_axis(x, index, axis), index
+
+    return run
 
 
 @kernel("CumSum")

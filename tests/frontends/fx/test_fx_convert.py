@@ -228,3 +228,18 @@ def test_integer_powers_stay_integers():
     for name, want in zip(("output_0", "output_1"), Power()(a, e)):
         assert got[name].dtype == np.int64
         np.testing.assert_array_equal(got[name], want.numpy())
+
+
+@pytest.mark.parametrize("largest", [True, False])
+def test_topk_routing_as_in_a_mixture_of_experts(largest):
+    class Route(torch.nn.Module):
+        def forward(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            weights, experts = torch.topk(torch.softmax(logits, -1), 2, dim=-1, largest=largest)
+            return weights / weights.sum(-1, keepdim=True), experts
+
+    logits = torch.from_numpy(np.random.default_rng(12).standard_normal((2, 9, 8)).astype(np.float32))
+    graph = tilefold.from_torch(Route(), (logits,))
+    got = tilefold.compile(graph)({graph.inputs[0]: logits.numpy()})
+    want = Route()(logits)
+    np.testing.assert_allclose(got["output_0"], want[0].numpy(), rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(got["output_1"], want[1].numpy())

@@ -28,7 +28,7 @@ CLAIMED = (
     "nn.functional.group_norm nn.functional.hardtanh nn.functional.layer_norm "
     "nn.functional.leaky_relu nn.functional.linear nn.functional.relu permute pow reciprocal remainder "
     "repeat reshape round rsqrt sigmoid sign sin slice slice_scatter softmax log_softmax split sqrt squeeze sub "
-    "sum tanh tril triu unsqueeze var var_mean view where"
+    "sum tanh topk tril triu unsqueeze var var_mean view where"
 ).split()
 TOLERANCES = {"nn.functional.conv2d": (1e-4, 1e-4)}
 """(atol, rtol) beyond the default (1e-5, 1.3e-6): a convolution sums its products in another
