@@ -52,19 +52,20 @@ def _addmm(emit: Emitter, node: torch.fx.Node) -> Value:
 
 
 def _conv_check(node: torch.fx.Node) -> str | None:
-    if node.args[6]:
-        return "transposed convolution"
     return None if node.args[0].meta["val"].dim() in (3, 4, 5) else "unbatched input"
 
 
 @rule(aten.convolution.default, check=_conv_check)
 def _convolution(emit: Emitter, node: torch.fx.Node) -> Value:
-    x, w, b, stride, padding, dilation, _, _, groups = node.args
+    x, w, b, stride, padding, dilation, transposed, output_padding, groups = node.args
     spatial = w.meta["val"].dim() - 2
     attrs = {"kernel_shape": tuple(int(d) for d in w.meta["val"].shape[2:]),
              "strides": tuple(_spread(stride, spatial)), "pads": tuple(_spread(padding, spatial) * 2),
              "dilations": tuple(_spread(dilation, spatial)), "group": int(groups)}
     inputs = [emit.value(x), emit.value(w)] + ([emit.value(b)] if b is not None else [])
+    if transposed:  # torch's weight is (C, F/groups, *k), as ONNX's
+        attrs["output_padding"] = tuple(_spread(output_padding, spatial))
+        return emit.op("ConvTranspose", inputs, attrs, node=node)
     return emit.op("Conv", inputs, attrs, node=node)
 
 

@@ -12,7 +12,7 @@ Relu LeakyRelu Sigmoid HardSigmoid HardSwish Tanh Erf Gelu Softplus Elu Sqrt Exp
 Reciprocal Floor Ceil Round Sin Cos Sign Not IsNaN IsInf
 Add Sub Mul Div Pow Mod Max Min Sum Mean Equal Less LessOrEqual Greater GreaterOrEqual And Or
 Xor PRelu Where Clip Cast CastLike Identity Dropout
-MatMul Gemm Conv BatchNormalization InstanceNormalization LayerNormalization LRN Softmax LogSoftmax MaxPool
+MatMul Gemm Conv ConvTranspose BatchNormalization InstanceNormalization LayerNormalization LRN Softmax LogSoftmax MaxPool
 AveragePool GlobalAveragePool GlobalMaxPool
 ReduceMean ReduceSum ReduceMax ReduceMin ReduceProd ArgMax ArgMin TopK
 Reshape Flatten Transpose Squeeze Unsqueeze Expand Concat Split Slice Gather GatherElements

@@ -18,7 +18,7 @@ from ..errors import UnsupportedOpError, VerifyError
 from ..registry import OpDef, register
 from ..signature import LETTERS, Indexing, Signature
 from ..types import Dim, TensorType
-from .shapes import broadcast, conflict, fmt_shape, window_shape
+from .shapes import broadcast, conflict, fmt_shape, transposed_window, window_shape
 
 _BATCH_LETTERS = [ch for ch in LETTERS if ch not in "mnk"]
 
@@ -172,4 +172,34 @@ register(OpDef(
     doc="NCHW convolution (any number of spatial dims). kernel_shape, strides, pads and "
         "dilations may be absent: W's spatial shape, ones, zeros, ones. See the module "
         "docstring for the signature and groups.",
+))
+
+
+def _conv_transpose_infer(attrs, types, consts):
+    x, w = types[0], types[1]
+    bias = types[2] if len(types) > 2 else None
+    _check_dtypes("ConvTranspose", types)
+    if x.rank < 3 or w.rank != x.rank:
+        raise VerifyError(f"ConvTranspose: X {x} and W {w} must both have rank >= 3 and equal ranks")
+    group = attrs["group"]
+    channels, per_group = x.shape[1], w.shape[1]
+    if conflict(channels, w.shape[0]):
+        raise VerifyError(f"ConvTranspose: X {x} has {channels} channels but W {w} takes {w.shape[0]}")
+    if isinstance(channels, int) and channels % group:
+        raise VerifyError(f"ConvTranspose: X {x} has {channels} channels, not a multiple of group={group}")
+    m: Dim = per_group * group if isinstance(per_group, int) else per_group
+    if bias is not None and (bias.rank != 1 or conflict(bias.shape[0], m)):
+        raise VerifyError(f"ConvTranspose: bias {bias} must be 1-D of length {m} for W {w} and group={group}")
+    kernel = attrs.get("kernel_shape") or w.shape[2:]
+    if not all(isinstance(k, int) for k in kernel) or any(conflict(k, d) for k, d in zip(kernel, w.shape[2:])):
+        raise UnsupportedOpError(f"ConvTranspose: kernel shape {fmt_shape(kernel)} of W {w} must be static and match")
+    spatial, _ = transposed_window("ConvTranspose", attrs, x.shape[2:], kernel)
+    return [TensorType((x.shape[0], m, *spatial), x.dtype)]
+
+
+register(OpDef(
+    "ConvTranspose", infer=_conv_transpose_infer, layout="sensitive",
+    min_inputs=2, max_inputs=3, defaults={"auto_pad": "NOTSET", "group": 1},
+    doc="The gradient of Conv: W is (C, F/group, *kernel). No iteration signature: layouts "
+        "stop here (it is not an anchor of the built-in targets).",
 ))

@@ -229,3 +229,48 @@ def window_shape(op: str, attrs: dict, spatial: Sequence[Dim], kernel: Sequence[
                    auto_pad, ceil_mode, op, i)
         for i in range(n)
     )
+
+
+def transposed_window(op: str, attrs: dict, spatial: Sequence[Dim], kernel: Sequence[int]
+                      ) -> tuple[tuple[Dim, ...], tuple[int, ...]]:
+    """Output spatial dims and begin pads of a ConvTranspose (ONNX rules): the full result
+    of a dim of size s is stride (s - 1) + output_padding + dilation (k - 1) + 1, cropped by
+    the pads, or to output_shape (or s * stride under SAME_*) with the pads that implies.
+    A begin pad may be negative (output_shape past the full result adds zeros)."""
+    n = len(spatial)
+    strides = tuple(attrs.get("strides") or (1,) * n)
+    dilations = tuple(attrs.get("dilations") or (1,) * n)
+    extra = tuple(attrs.get("output_padding") or (0,) * n)
+    pads = tuple(attrs.get("pads") or (0,) * (2 * n))
+    target = attrs.get("output_shape")
+    target = tuple(target)[-n:] if target else None
+    auto_pad = attrs.get("auto_pad", "NOTSET")
+    if len(kernel) != n or len(strides) != n or len(dilations) != n or len(extra) != n or len(pads) != 2 * n:
+        raise VerifyError(
+            f"{op}: kernel_shape {tuple(kernel)}, strides {strides}, dilations {dilations}, output_padding "
+            f"{extra} and pads {pads} do not fit {n} spatial dims {fmt_shape(spatial)}"
+        )
+    if min(strides + dilations, default=1) < 1:
+        raise VerifyError(f"{op}: strides {strides} and dilations {dilations} must be >= 1")
+    if auto_pad not in ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"):
+        raise VerifyError(f"{op}: unknown auto_pad {auto_pad!r}")
+    outs: list[Dim] = []
+    begins: list[int] = []
+    for i, size in enumerate(spatial):
+        if not isinstance(size, int):
+            outs.append(target[i] if target else fresh(op, i))
+            begins.append(0 if auto_pad == "VALID" else pads[i])
+            continue
+        full = strides[i] * (size - 1) + extra[i] + dilations[i] * (kernel[i] - 1) + 1
+        if target is not None or auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            out = target[i] if target is not None else size * strides[i]
+            total = full - out
+            begin = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+        else:
+            begin, end = (0, 0) if auto_pad == "VALID" else (pads[i], pads[n + i])
+            out = full - begin - end
+        if out < 1:
+            raise VerifyError(f"{op}: spatial dim {i} of size {size} gives an empty result ({out})")
+        outs.append(out)
+        begins.append(begin)
+    return tuple(outs), tuple(begins)

@@ -79,6 +79,25 @@ def test_conv_with_weights_computed_at_run_time(check, rng, x_shape, w_shape, at
           rtol=1e-4, atol=1e-4)
 
 
+CONV_TRANSPOSE_CASES = [
+    ((2, 3, 5, 4), (3, 4, 3, 3), {}),
+    ((1, 4, 5, 5), (4, 2, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1], "output_padding": [1, 1]}),
+    ((1, 4, 6, 5), (4, 3, 2, 3), {"group": 2, "strides": [2, 3], "dilations": [2, 1]}),  # 6 outputs
+    ((1, 2, 7), (2, 3, 4), {"strides": [3], "pads": [2, 1]}),  # 1-D
+    ((1, 2, 3, 4, 3), (2, 2, 2, 3, 2), {"strides": [2, 1, 2]}),  # 3-D
+    ((1, 3, 4, 5), (3, 2, 3, 3), {"strides": [2, 2], "output_shape": [10, 9]}),  # pads implied
+    ((1, 3, 4, 5), (3, 2, 3, 3), {"strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+]
+
+
+@pytest.mark.parametrize("x_shape, w_shape, attrs", CONV_TRANSPOSE_CASES)
+@pytest.mark.parametrize("bias", [False, True])
+def test_conv_transpose(check, rng, x_shape, w_shape, attrs, bias):
+    out_channels = w_shape[1] * attrs.get("group", 1)
+    args = [normal(rng, *x_shape), normal(rng, *w_shape)] + ([normal(rng, out_channels)] if bias else [])
+    check("ConvTranspose", args, attrs, consts={1, 2}, rtol=1e-4, atol=1e-4)
+
+
 def test_conv_same_padding_with_dilations(check, rng):
     # onnxruntime refuses dilations with auto_pad SAME_*; onnx.reference implements them
     check("Conv", [normal(rng, 1, 3, 10, 7), normal(rng, 4, 3, 3, 2)], {"auto_pad": "SAME_UPPER", "dilations": [2, 2]},

@@ -7,10 +7,12 @@ and, where Winograd applies, into its transformed form (16, F, C).
 """
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
 
+from ....graph.ops.shapes import transposed_window
 from ..registry import KernelSpec, Run, kernel
 from .common import check_dtypes, dense, prod, unsupported, window_geometry, windows
 from .winograd import weight_transform, winograd_conv
@@ -186,5 +188,50 @@ def _conv(spec: KernelSpec) -> Run:
                 return winograd_conv(x, u, pads, bias)
         matrix = wmat if wmat is not None else conv_weight_matrix(wide(w), groups)
         return conv(x, matrix, kernel_shape, attrs, None if bias is None else wide(bias))
+
+    return run
+
+
+@kernel("ConvTranspose")
+def _conv_transpose(spec: KernelSpec) -> Run:
+    """One batched GEMM per group gives every (output channel, kernel offset) contribution of
+    every input position, W_g^T @ X_g; each kernel offset then adds its slab into the result
+    at stride steps (a loop over the few kernel offsets, none over positions)."""
+    check_dtypes(spec)
+    attrs = spec.attrs
+    groups = int(attrs.get("group", 1))
+    if attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"):
+        raise unsupported(spec, f"ConvTranspose auto_pad={attrs['auto_pad']!r} is not supported")
+
+    def run(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+        if x.dtype == np.float16:
+            return run(wide(x), wide(w), None if b is None else wide(b)).astype(np.float16)
+        n, c, *space = x.shape
+        kernel = tuple(w.shape[2:])
+        out, begins = transposed_window("ConvTranspose", attrs, space, kernel)
+        strides = tuple(attrs.get("strides") or (1,) * len(space))
+        dilations = tuple(attrs.get("dilations") or (1,) * len(space))
+        per_group = w.shape[1]
+        taps = prod(kernel)
+        wt = w.reshape(groups, c // groups, per_group * taps).transpose(0, 2, 1)  # (g, F/g * K, C/g)
+        cols = np.matmul(wt, x.reshape(n, groups, c // groups, prod(space)))  # (N, g, F/g * K, P)
+        cols = cols.reshape(n, groups * per_group, *kernel, *space)
+        y = np.zeros((n, groups * per_group, *out), x.dtype)
+        for offset in itertools.product(*(range(k) for k in kernel)):
+            source, target = [], []
+            for i, size in enumerate(space):
+                shift = offset[i] * dilations[i] - begins[i]  # output position of input 0
+                first = max(0, -(-(-shift) // strides[i]))  # the first input landing at >= 0
+                last = min(size, -(-(out[i] - shift) // strides[i]))  # past the last landing < out
+                if first >= last:
+                    break
+                source.append(slice(first, last))
+                start = first * strides[i] + shift
+                target.append(slice(start, start + (last - first - 1) * strides[i] + 1, strides[i]))
+            else:
+                y[(slice(None), slice(None), *target)] += cols[(slice(None), slice(None), *offset, *source)]
+        if b is not None:
+            y += b.reshape(-1, *(1,) * len(space))
+        return y
 
     return run
