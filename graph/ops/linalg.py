@@ -191,8 +191,8 @@ def _conv_transpose_infer(attrs, types, consts):
     if bias is not None and (bias.rank != 1 or conflict(bias.shape[0], m)):
         raise VerifyError(f"ConvTranspose: bias {bias} must be 1-D of length {m} for W {w} and group={group}")
     kernel = attrs.get("kernel_shape") or w.shape[2:]
-    if not all(isinstance(k, int) for k in kernel) or any(conflict(k, d) for k, d in zip(kernel, w.shape[2:])):
-        raise UnsupportedOpError(f"ConvTranspose: kernel shape {fmt_shape(kernel)} of W {w} must be static and match")
+    if any(conflict(k, d) for k, d in zip(kernel, w.shape[2:])):
+        raise VerifyError(f"ConvTranspose: kernel_shape {tuple(kernel)} does not match W {w}")
     spatial, _ = transposed_window("ConvTranspose", attrs, x.shape[2:], kernel)
     return [TensorType((x.shape[0], m, *spatial), x.dtype)]
 

@@ -231,7 +231,7 @@ def window_shape(op: str, attrs: dict, spatial: Sequence[Dim], kernel: Sequence[
     )
 
 
-def transposed_window(op: str, attrs: dict, spatial: Sequence[Dim], kernel: Sequence[int]
+def transposed_window(op: str, attrs: dict, spatial: Sequence[Dim], kernel: Sequence[Dim]
                       ) -> tuple[tuple[Dim, ...], tuple[int, ...]]:
     """Output spatial dims and begin pads of a ConvTranspose (ONNX rules): the full result
     of a dim of size s is stride (s - 1) + output_padding + dilation (k - 1) + 1, cropped by
@@ -257,7 +257,7 @@ def transposed_window(op: str, attrs: dict, spatial: Sequence[Dim], kernel: Sequ
     outs: list[Dim] = []
     begins: list[int] = []
     for i, size in enumerate(spatial):
-        if not isinstance(size, int):
+        if not isinstance(size, int) or not isinstance(kernel[i], int):
             outs.append(target[i] if target else fresh(op, i))
             begins.append(0 if auto_pad == "VALID" else pads[i])
             continue

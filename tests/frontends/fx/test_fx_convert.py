@@ -243,3 +243,18 @@ def test_topk_routing_as_in_a_mixture_of_experts(largest):
     want = Route()(logits)
     np.testing.assert_allclose(got["output_0"], want[0].numpy(), rtol=1e-6, atol=1e-7)
     np.testing.assert_array_equal(got["output_1"], want[1].numpy())
+
+
+def test_transposed_convolution_of_a_decoder_block_runs_like_eager_on_both_targets():
+    torch.manual_seed(13)
+    up = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                             torch.nn.ConvTranspose2d(8, 4, 3, stride=2, padding=1, output_padding=1),
+                             torch.nn.Conv2d(4, 2, 1)).eval()
+    x = torch.from_numpy(np.random.default_rng(13).standard_normal((2, 3, 6, 5)).astype(np.float32))
+    graph = tilefold.from_torch(up, (x,))
+    assert graph.op_counts()["ConvTranspose"] == 1
+    with torch.no_grad():
+        want = up(x).numpy()
+    for target in ("cpu", "gpu"):
+        out = tilefold.compile(tilefold.optimize(graph, target).graph)({graph.inputs[0]: x.numpy()})["output_0"]
+        np.testing.assert_allclose(out, want, atol=1e-5, rtol=1e-4)
