@@ -22,38 +22,37 @@ def onnxruntime_outputs(model, feeds):
 
 
 @pytest.fixture
-def topk_model():
-    """Relu -> TopK (two outputs, not a tilefold op) -> Neg on the values."""
+def quantize_model():
+    """Relu -> DynamicQuantizeLinear (three outputs, not a tilefold op) -> Cast and Neg."""
     nodes = [
         helper.make_node("Relu", ["x"], ["r"]),
-        helper.make_node("TopK", ["r", "k"], ["values", "indices"], axis=1),
-        helper.make_node("Neg", ["values"], ["y"]),
+        helper.make_node("DynamicQuantizeLinear", ["r"], ["q", "scale", "zero"]),
+        helper.make_node("Cast", ["q"], ["wide"], to=TensorProto.FLOAT),
+        helper.make_node("Neg", ["wide"], ["y"]),
     ]
-    k = onnx.numpy_helper.from_array(np.array([3], np.int64), "k")
     return model_with(
         nodes,
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 7])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 3]),
-         helper.make_tensor_value_info("indices", TensorProto.INT64, [4, 3])],
-        [k],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 7]),
+         helper.make_tensor_value_info("scale", TensorProto.FLOAT, [])],
     )
 
 
-def test_an_op_without_a_kernel_runs_through_onnx_reference(topk_model):
+def test_an_op_without_a_kernel_runs_through_onnx_reference(quantize_model):
     rng = np.random.default_rng(11)
     x = rng.standard_normal((4, 7)).astype(np.float32)
-    exe = NumpyExecutable(load_onnx(topk_model), debug=True)
-    assert [exe.graph.node(n).attrs["onnx_op"] for n in exe.fallback_nodes] == ["TopK"]
+    exe = NumpyExecutable(load_onnx(quantize_model), debug=True)
+    assert [exe.graph.node(n).attrs["onnx_op"] for n in exe.fallback_nodes] == ["DynamicQuantizeLinear"]
     got = exe({"x": x})
-    y, indices = onnxruntime_outputs(topk_model, {"x": x})
-    np.testing.assert_allclose(got["y"], y, rtol=1e-6)
-    np.testing.assert_array_equal(got["indices"], indices)
-    assert got["indices"].dtype == np.int64
+    y, scale = onnxruntime_outputs(quantize_model, {"x": x})
+    np.testing.assert_array_equal(got["y"], y)
+    np.testing.assert_allclose(got["scale"], scale, rtol=1e-6)
+    assert got["scale"].dtype == np.float32 and got["scale"].shape == ()
 
 
-def test_the_fallback_can_be_disabled(topk_model):
-    with pytest.raises(UnsupportedOpError, match="TopK.*fallback") as info:
-        NumpyExecutable(load_onnx(topk_model), allow_fallback=False)
+def test_the_fallback_can_be_disabled(quantize_model):
+    with pytest.raises(UnsupportedOpError, match="DynamicQuantizeLinear.*fallback") as info:
+        NumpyExecutable(load_onnx(quantize_model), allow_fallback=False)
     assert "\n" not in str(info.value)
 
 
