@@ -3,7 +3,8 @@ and `tilefold.from_torch` + optimize, against eager PyTorch on fresh random inpu
 
 Hypothesis stacks layers (convolutions of any stride, dilation and grouping, pools,
 BatchNorm, activations, residual adds, channel concat and chunk, permute, reshape, flatten,
-linear, batched matmul, softmax, layer norm, reductions) on an image or a sequence input.
+flip, repeat, indexing, linear, batched matmul, softmax, layer norm, reductions) on an image
+or a sequence input.
 """
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def random_module(draw):
     for _ in range(draw(st.integers(1, 6))):
         src = len(shapes) - 1 if draw(st.integers(0, 3)) else draw(st.integers(0, len(shapes) - 1))
         s = shapes[src]
-        ops = ["unary", "binary", "affine", "permute", "row"]
+        ops = ["unary", "binary", "affine", "permute", "row", "reorder"]
         if len(s) == 4 and min(s[2:]) >= 3:
             ops += ["conv", "conv", "pool", "concat", "flatten"]
         if len(s) >= 2:
@@ -127,6 +128,19 @@ def random_module(draw):
                 fn = {"mean": torch.mean, "sum": torch.sum, "amax": torch.amax}[kind]
                 steps.append(lambda v, p, src=src, dim=dim, fn=fn: fn(v[src], dim, keepdim=True))
                 out = tuple(1 if d == dim % len(s) else n for d, n in enumerate(s))
+        elif op == "reorder":
+            kind, dim = draw(st.sampled_from(["flip", "repeat", "index"])), draw(st.integers(0, len(s) - 1))
+            if kind == "flip":
+                steps.append(lambda v, p, src=src, dim=dim: torch.flip(v[src], (dim,)))
+                out = s
+            elif kind == "repeat":
+                times = tuple(2 if d == dim else 1 for d in range(len(s)))
+                steps.append(lambda v, p, src=src, times=times: v[src].repeat(*times))
+                out = tuple(n * t for n, t in zip(s, times))
+            else:
+                index = torch.tensor(draw(st.lists(st.integers(-s[dim], s[dim] - 1), min_size=1, max_size=5)))
+                steps.append(lambda v, p, src=src, at=(slice(None),) * dim + (index,): v[src][at])
+                out = (*s[:dim], len(index), *s[dim + 1:])
         elif op == "linear":
             e = draw(st.sampled_from([8, 16, 20]))
             wi, bi = weight(e, s[-1], fan_in=s[-1]), weight(e)
