@@ -76,6 +76,8 @@ class Builder:
 
 def _conv(b: Builder, x: str, draw) -> str:
     n, c, h, w = b.shapes[x]
+    if draw(st.integers(0, 4)) == 0:
+        return _conv_transpose(b, x, draw)
     if c >= 16 and min(h, w) >= 12 and draw(st.booleans()):  # the Winograd kernels' case
         k, stride, dilation, groups = 3, 1, 1, 1
         pads = [draw(st.integers(0, 1)) for _ in range(4)]
@@ -94,6 +96,23 @@ def _conv(b: Builder, x: str, draw) -> str:
     ow = (w + pads[1] + pads[3] - span) // stride + 1
     return b.node("Conv", inputs, (n, f, oh, ow), kernel_shape=[k, k], strides=[stride, stride],
                   dilations=[dilation, dilation], pads=pads, group=groups)
+
+
+def _conv_transpose(b: Builder, x: str, draw) -> str:
+    """A decoder's upsampling: ConvTranspose of any stride, padding, output padding and grouping."""
+    n, c, h, w = b.shapes[x]
+    k, stride = draw(st.sampled_from([2, 3])), draw(st.sampled_from([1, 2]))
+    pads = [draw(st.integers(0, 1)) for _ in range(4)]
+    extra = [draw(st.integers(0, stride - 1)) for _ in range(2)]
+    groups = draw(st.sampled_from([1, 2] if c % 2 == 0 else [1]))
+    f = groups * draw(st.sampled_from([2, 4, 8]))
+    inputs = [x, b.weight((c, f // groups, k, k), c // groups * k * k)]
+    if draw(st.booleans()):
+        inputs.append(b.weight((f,), 4))
+    oh = (h - 1) * stride + extra[0] + k - pads[0] - pads[2]
+    ow = (w - 1) * stride + extra[1] + k - pads[1] - pads[3]
+    return b.node("ConvTranspose", inputs, (n, f, oh, ow), kernel_shape=[k, k], strides=[stride, stride],
+                  pads=pads, output_padding=extra, group=groups)
 
 
 def _pool(b: Builder, x: str, draw) -> str:
@@ -118,6 +137,9 @@ def _pool(b: Builder, x: str, draw) -> str:
 
 def _channel_affine(b: Builder, x: str, draw) -> str:
     shape = b.shapes[x]
+    if len(shape) >= 3 and draw(st.integers(0, 3)) == 0:
+        c = shape[1]
+        return b.node("InstanceNormalization", [x, b.weight((c,), 1), b.weight((c,), 1)], shape, epsilon=1e-3)
     if draw(st.booleans()):
         c = shape[1]
         return b.node("BatchNormalization", [x, b.weight((c,), 1), b.weight((c,), 1), b.weight((c,), 1),
