@@ -155,7 +155,9 @@ def _logical_bytes(t: TensorType) -> int:
 
 # ---- does a Transpose move data? (definition 1) ----------------------------------------
 def moves_data(node: Node, source: TensorType) -> bool:
-    """Whether a Transpose node's result buffer differs in element order from its input's."""
+    """Whether a Transpose node's result buffer differs in element order from its input's.
+    Exact but for one conservative case: a tile of a size-1 dim holds padding that another
+    dim's padding may happen to match byte for byte; that counts as a move."""
     result = node.outputs[0]
     rank = source.rank
     perm = transpose_perm(node.attrs, rank)
