@@ -28,9 +28,9 @@ demo: $(STAMP)
 # name is not a Python identifier (e.g. tilefold-main).
 PYTEST := $(BIN)/python -m pytest --rootdir=tests
 
-# Everything, the slow model-level tests included (what CI runs).
+# Everything, the slow model-level tests included (what CI runs); hypothesis derandomized.
 test: $(STAMP)
-	$(PYTEST) -n 2 -q -m ''
+	HYPOTHESIS_PROFILE=ci $(PYTEST) -n 2 -q -m ''
 
 # The quick subset for development: slow model-level tests left out.
 test-quick: $(STAMP)
