@@ -53,25 +53,31 @@ def exact_mean(x: np.ndarray, axis: int | tuple[int, ...]) -> np.ndarray:
     return x.mean(axis=axis, keepdims=True, dtype=np.float64).astype(x.dtype, copy=False)
 
 
+def instance_normalize(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, eps: float,
+                       axes: tuple[int, ...]) -> np.ndarray:
+    """x normalized over its spatial `axes` (statistics in float32 at least), then scaled and
+    shifted by `scale` and `bias`, already shaped to broadcast along x's channel axis."""
+    wide = x.astype(np.float32) if x.dtype == np.float16 else x
+    centered = np.subtract(wide, exact_mean(wide, axes))
+    var = np.mean(np.square(centered), axis=axes, keepdims=True)
+    var += eps
+    factor = np.sqrt(var, out=var)
+    np.divide(scale, factor, out=factor)
+    centered *= factor
+    centered += bias
+    return centered.astype(x.dtype, copy=False)
+
+
 @kernel("InstanceNormalization")
 def _instance_norm(spec: KernelSpec) -> Run:
-    """Each (n, c) normalized over its spatial dims (statistics in float32 at least), then
-    scaled and shifted per channel."""
+    """Each (n, c) normalized over its spatial dims, then scaled and shifted per channel."""
     check_dtypes(spec)
     eps = float(spec.attrs.get("epsilon", 1e-5))
 
     def run(x, scale, bias):
-        axes = tuple(range(2, x.ndim))
         per_channel = (-1,) + (1,) * (x.ndim - 2)
-        wide = x.astype(np.float32) if x.dtype == np.float16 else x
-        centered = np.subtract(wide, exact_mean(wide, axes))
-        var = np.mean(np.square(centered), axis=axes, keepdims=True)
-        var += eps
-        factor = np.sqrt(var, out=var)
-        np.divide(scale.reshape(per_channel), factor, out=factor)
-        centered *= factor
-        centered += bias.reshape(per_channel)
-        return centered.astype(x.dtype, copy=False)
+        return instance_normalize(x, scale.reshape(per_channel), bias.reshape(per_channel), eps,
+                                  tuple(range(2, x.ndim)))
 
     return run
 

@@ -16,7 +16,7 @@ from ....graph.types import TensorType
 from ....layout.encoding import PackedEncoding
 from ..registry import KernelSpec, Run, packed_kernel
 from .common import Window, as_array, check_dtypes, window_geometry
-from .nn import _lowest, _pool_attrs, _softmax, exact_mean
+from .nn import _lowest, _pool_attrs, _softmax, exact_mean, instance_normalize
 from .packed_conv import channels_last, is_permutation, tap_range
 from .packed_layout import converter
 
@@ -113,6 +113,17 @@ def _to_result(spec: KernelSpec):
     if is_permutation(y.encoding, channels_last(y.rank)):
         return lambda p: p
     return converter(x.encoding, y.encoding, y.shape)
+
+
+@packed_kernel("InstanceNormalization")
+def _instance_norm(spec: KernelSpec) -> Run | None:
+    """On a channels-last buffer: the spatial axes are the middle ones, the channel the last."""
+    if not _channels_last_io(spec) or any(t is not None and t.encoding is not None for t in spec.in_types[1:]):
+        return None
+    check_dtypes(spec)
+    eps = float(spec.attrs.get("epsilon", 1e-5))
+    finish = _to_result(spec)
+    return lambda x, scale, bias: finish(instance_normalize(x, scale, bias, eps, tuple(range(1, x.ndim - 1))))
 
 
 @packed_kernel("MaxPool")

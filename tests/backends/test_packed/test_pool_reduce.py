@@ -149,3 +149,10 @@ def test_layer_norm_over_tiled_hidden_dims(packed_check, rng, with_bias):
     padded = PackedEncoding((1, 2), (4, 12), pad=None)  # 32 columns in tiles of 12: padding
     packed_check("LayerNormalization", args, [padded, *plain], [padded], {"axis": -1}, consts={1, 2},
                  expect_path="unpacked", rtol=1e-5, atol=1e-5)
+
+
+def test_instance_normalization_runs_on_channels_last_buffers(packed_check, rng):
+    x = _x(rng) * 3 + 1
+    scale, bias = rng.standard_normal(5).astype(np.float32), rng.standard_normal(5).astype(np.float32)
+    packed_check("InstanceNormalization", [x, scale, bias], [NHWC, None, None], [NHWC], {"epsilon": 1e-5},
+                 consts={1, 2}, expect_path="native", rtol=1e-5, atol=1e-5)
