@@ -131,12 +131,17 @@ def spatial_letters(n: int) -> tuple[str, str]:
     return "".join(spare[:n]), "".join(spare[n: 2 * n])
 
 
-def _conv_infer(attrs, types, consts):
+def _conv_operands(op: str, types: Sequence[TensorType | None]) -> tuple[TensorType, TensorType, TensorType | None]:
+    """X, W and the optional bias of a Conv or ConvTranspose, their dtypes and ranks checked."""
     x, w = types[0], types[1]
-    bias = types[2] if len(types) > 2 else None
-    _check_dtypes("Conv", types)
+    _check_dtypes(op, types)
     if x.rank < 3 or w.rank != x.rank:
-        raise VerifyError(f"Conv: X {x} and W {w} must both have rank >= 3 and equal ranks")
+        raise VerifyError(f"{op}: X {x} and W {w} must both have rank >= 3 and equal ranks")
+    return x, w, types[2] if len(types) > 2 else None
+
+
+def _conv_infer(attrs, types, consts):
+    x, w, bias = _conv_operands("Conv", types)
     group = attrs["group"]
     channels, cg, m = x.shape[1], w.shape[1], w.shape[0]
     if isinstance(channels, int) and isinstance(cg, int) and channels != cg * group:
@@ -176,11 +181,7 @@ register(OpDef(
 
 
 def _conv_transpose_infer(attrs, types, consts):
-    x, w = types[0], types[1]
-    bias = types[2] if len(types) > 2 else None
-    _check_dtypes("ConvTranspose", types)
-    if x.rank < 3 or w.rank != x.rank:
-        raise VerifyError(f"ConvTranspose: X {x} and W {w} must both have rank >= 3 and equal ranks")
+    x, w, bias = _conv_operands("ConvTranspose", types)
     group = attrs["group"]
     channels, per_group = x.shape[1], w.shape[1]
     if conflict(channels, w.shape[0]):

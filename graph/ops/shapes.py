@@ -208,9 +208,10 @@ def window_out(
     return out
 
 
-def window_shape(op: str, attrs: dict, spatial: Sequence[Dim], kernel: Sequence[int]) -> tuple[Dim, ...]:
-    """Output spatial dims of a conv / pool from its ONNX attributes (strides, pads,
-    dilations default to 1, 0, 1; pads are [begin..., end...])."""
+def window_attrs(op: str, attrs: dict, spatial: Sequence[Dim], kernel: Sequence[Dim]
+                 ) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """A conv's or pool's strides, dilations and pads ([begin..., end...]; defaults 1, 1, 0),
+    checked against its spatial dims and kernel."""
     n = len(spatial)
     strides = tuple(attrs.get("strides") or (1,) * n)
     dilations = tuple(attrs.get("dilations") or (1,) * n)
@@ -222,6 +223,14 @@ def window_shape(op: str, attrs: dict, spatial: Sequence[Dim], kernel: Sequence[
         )
     if min(strides + dilations, default=1) < 1:
         raise VerifyError(f"{op}: strides {strides} and dilations {dilations} must be >= 1")
+    return strides, dilations, pads
+
+
+def window_shape(op: str, attrs: dict, spatial: Sequence[Dim], kernel: Sequence[int]) -> tuple[Dim, ...]:
+    """Output spatial dims of a conv / pool from its ONNX attributes (strides, pads,
+    dilations default to 1, 0, 1; pads are [begin..., end...])."""
+    n = len(spatial)
+    strides, dilations, pads = window_attrs(op, attrs, spatial, kernel)
     auto_pad = attrs.get("auto_pad", "NOTSET")
     ceil_mode = bool(attrs.get("ceil_mode", 0))
     return tuple(
@@ -238,20 +247,13 @@ def transposed_window(op: str, attrs: dict, spatial: Sequence[Dim], kernel: Sequ
     the pads, or to output_shape (or s * stride under SAME_*) with the pads that implies.
     A begin pad may be negative (output_shape past the full result adds zeros)."""
     n = len(spatial)
-    strides = tuple(attrs.get("strides") or (1,) * n)
-    dilations = tuple(attrs.get("dilations") or (1,) * n)
+    strides, dilations, pads = window_attrs(op, attrs, spatial, kernel)
     extra = tuple(attrs.get("output_padding") or (0,) * n)
-    pads = tuple(attrs.get("pads") or (0,) * (2 * n))
+    if len(extra) != n:
+        raise VerifyError(f"{op}: output_padding {extra} does not fit {n} spatial dims {fmt_shape(spatial)}")
     target = attrs.get("output_shape")
     target = tuple(target)[-n:] if target else None
     auto_pad = attrs.get("auto_pad", "NOTSET")
-    if len(kernel) != n or len(strides) != n or len(dilations) != n or len(extra) != n or len(pads) != 2 * n:
-        raise VerifyError(
-            f"{op}: kernel_shape {tuple(kernel)}, strides {strides}, dilations {dilations}, output_padding "
-            f"{extra} and pads {pads} do not fit {n} spatial dims {fmt_shape(spatial)}"
-        )
-    if min(strides + dilations, default=1) < 1:
-        raise VerifyError(f"{op}: strides {strides} and dilations {dilations} must be >= 1")
     if auto_pad not in ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"):
         raise VerifyError(f"{op}: unknown auto_pad {auto_pad!r}")
     outs: list[Dim] = []

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ....graph.ops.shapes import transposed_window
+from ....graph.ops.shapes import transposed_window, window_attrs
 from ..registry import KernelSpec, Run, kernel
 from .common import check_dtypes, dense, prod, unsupported, window_geometry, windows
 from .winograd import weight_transform, winograd_conv
@@ -209,8 +209,7 @@ def _conv_transpose(spec: KernelSpec) -> Run:
         n, c, *space = x.shape
         kernel = tuple(w.shape[2:])
         out, begins = transposed_window("ConvTranspose", attrs, space, kernel)
-        strides = tuple(attrs.get("strides") or (1,) * len(space))
-        dilations = tuple(attrs.get("dilations") or (1,) * len(space))
+        strides, dilations, _ = window_attrs("ConvTranspose", attrs, space, kernel)
         per_group = w.shape[1]
         taps = prod(kernel)
         wt = w.reshape(groups, c // groups, per_group * taps).transpose(0, 2, 1)  # (g, F/g * K, C/g)

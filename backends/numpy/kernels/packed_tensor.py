@@ -17,12 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from ..registry import KernelSpec, Run, packed_kernel
-from .common import view_of_first
 from ....graph.ops.tensor import transpose_perm
 from ....graph.types import TensorType
 from ....layout.encoding import PackedEncoding
-from .common import norm_axes
+from ..registry import KernelSpec, Run, packed_kernel
+from .common import norm_axes, view_of_first
 from .packed_layout import as_encoding, physical_shape, same_buffer, same_reshaped_buffer
 
 
