@@ -9,6 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ....graph.errors import UnsupportedOpError, where
+from ....graph.ops.shapes import window_attrs, window_out
 from ..registry import KernelSpec
 
 NUMERIC_DTYPES = frozenset(np.dtype(t) for t in (
@@ -94,34 +95,26 @@ class Window:
 def window_geometry(
     attrs: dict[str, Any], spatial: Sequence[int], kernel: Sequence[int], *, ceil_mode: bool = False
 ) -> Window:
-    """Pads and output size of a conv or pool (ONNX auto_pad, pads, strides, dilations, ceil_mode)."""
+    """Pads and output size of a conv or pool (ONNX auto_pad, pads, strides, dilations,
+    ceil_mode): the output sizes are shape inference's own (`window_out`), so a kernel and
+    the graph's types cannot disagree."""
     n = len(spatial)
-    strides = tuple(attrs.get("strides") or (1,) * n)
-    dilations = tuple(attrs.get("dilations") or (1,) * n)
-    effective = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    strides, dilations, pads = window_attrs("Conv/pool", attrs, spatial, kernel)
     auto_pad = attrs.get("auto_pad", "NOTSET") or "NOTSET"
-    begin, end, extra, out = [0] * n, [0] * n, [0] * n, [0] * n
+    begin, end = list(pads[:n]), list(pads[n:])
+    out, extra = [0] * n, [0] * n
     for i in range(n):
-        size, s, e = spatial[i], strides[i], effective[i]
+        size, s = spatial[i], strides[i]
+        effective = (kernel[i] - 1) * dilations[i] + 1
+        out[i] = int(window_out(size, kernel[i], s, dilations[i], (begin[i], end[i]), auto_pad, ceil_mode,
+                                "Conv/pool", i))
         if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-            out[i] = -(-size // s)
-            total = max(0, (out[i] - 1) * s + e - size)
+            total = max(0, (out[i] - 1) * s + effective - size)
             small, large = total // 2, total - total // 2
             begin[i], end[i] = (small, large) if auto_pad == "SAME_UPPER" else (large, small)
         elif auto_pad == "VALID":
-            out[i] = max(0, (size - e) // s + 1)
-        else:
-            pads = attrs.get("pads") or (0,) * (2 * n)
-            begin[i], end[i] = int(pads[i]), int(pads[i + n])
-            span = size + begin[i] + end[i] - e
-            if ceil_mode:
-                out[i] = -(-span // s) + 1
-                if (out[i] - 1) * s >= size + begin[i]:  # the last window must start in the input
-                    out[i] -= 1
-            else:
-                out[i] = span // s + 1
-            out[i] = max(out[i], 0)
-            extra[i] = max(0, (out[i] - 1) * s + e - (size + begin[i] + end[i]))
+            begin[i], end[i] = 0, 0
+        extra[i] = max(0, (out[i] - 1) * s + effective - (size + begin[i] + end[i]))
     return Window(tuple(begin), tuple(end), tuple(extra), tuple(out), tuple(kernel), strides, dilations)
 
 
