@@ -199,7 +199,8 @@ def _pre_11_resizes(model: onnx.ModelProto, version: int) -> set[str]:
 def _asymmetric_resizes(model: onnx.ModelProto, outputs: set[str]) -> onnx.ModelProto:
     """onnx's version converter turns Upsample and Resize-10 into a Resize-11+ that keeps
     only `mode`, so they would take Resize-11's half_pixel default: this gives them back
-    their asymmetric mapping (and floor for nearest, as onnxruntime runs them)."""
+    their asymmetric mapping, with floor for nearest (onnxruntime's rounding when upsampling;
+    it rounds up when a Resize-10 downsamples, which opset 21 cannot express)."""
     for node in model.graph.node:
         if node.op_type == "Resize" and node.output[0] in outputs:
             kept = [a for a in node.attribute if a.name not in ("coordinate_transformation_mode", "nearest_mode")]
