@@ -286,3 +286,63 @@ def _as_strided(emit: Emitter, node: torch.fx.Node) -> Value:
         return emit.op("Reshape", [emit.value(node.args[0]), emit.ints(size)], node=node)
     flat = emit.op("Reshape", [emit.value(node.args[0]), emit.ints([-1])])
     return emit.op("Gather", [flat, emit.constant(index)], {"axis": 0}, node=node)
+
+
+# ---- resampling ----------------------------------------------------------------------------
+_NEAREST = {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}
+_NEAREST_EXACT = {"mode": "nearest", "nearest_mode": "round_prefer_ceil"}
+_RESAMPLE: dict[Any, dict[str, Any]] = {
+    aten.upsample_nearest1d: _NEAREST, aten.upsample_nearest2d: _NEAREST, aten.upsample_nearest3d: _NEAREST,
+    aten._upsample_nearest_exact1d: _NEAREST_EXACT, aten._upsample_nearest_exact2d: _NEAREST_EXACT,
+    aten._upsample_nearest_exact3d: _NEAREST_EXACT,
+    aten.upsample_linear1d: {"mode": "linear"}, aten.upsample_bilinear2d: {"mode": "linear"},
+    aten.upsample_trilinear3d: {"mode": "linear"}, aten.upsample_bicubic2d: {"mode": "cubic"},
+    aten._upsample_bilinear2d_aa: {"mode": "linear", "antialias": 1, "exclude_outside": 1},
+    aten._upsample_bicubic2d_aa: {"mode": "cubic", "antialias": 1, "exclude_outside": 1, "cubic_coeff_a": -0.5},
+}
+"""ATen resampling op -> Resize attributes. torch maps output index i to (i + 0.5) / scale - 0.5
+(half_pixel, Resize's default; torch clamps a negative linear source to 0, which equals
+Resize's clamped taps), or i (in - 1) / (out - 1) under align_corners; nearest is
+floor(i / scale), nearest-exact floor((i + 0.5) / scale). The antialiased (`_aa`) kernels
+leave taps outside the input out and renormalize (exclude_outside), and their bicubic
+filter is PIL's (a = -0.5)."""
+
+
+def _resample_args(node: torch.fx.Node) -> dict[str, Any]:
+    """The node's arguments by schema name (output_size, align_corners, and scale_factors
+    or scales / scales_d, scales_h, scales_w), defaults filled in."""
+    return {a.name: node.args[i] if i < len(node.args) else node.kwargs.get(a.name, a.default_value)
+            for i, a in enumerate(node.target._schema.arguments)}
+
+
+def _resample_scales(args: dict[str, Any]) -> list[float] | None:
+    """The scale factors torch maps coordinates with, or None when it uses in / out."""
+    if args.get("align_corners"):
+        return None
+    if "scale_factors" in args:
+        return None if args["scale_factors"] is None else [float(s) for s in args["scale_factors"]]
+    named = [args[k] for k in ("scales", "scales_d", "scales_h", "scales_w") if k in args]
+    return None if any(s is None for s in named) else [float(s) for s in named]
+
+
+def _resample_check(node: torch.fx.Node) -> str | None:
+    aa = node.target.overloadpacket in (aten._upsample_bilinear2d_aa, aten._upsample_bicubic2d_aa)
+    return "antialiased resampling with align_corners" if aa and _resample_args(node).get("align_corners") else None
+
+
+def _resample(emit: Emitter, node: torch.fx.Node) -> Value:
+    """Resize over the spatial dims: with torch's own scale factors when it maps coordinates
+    with them, else with the traced output sizes."""
+    args = _resample_args(node)
+    attrs = dict(_RESAMPLE[node.target.overloadpacket])
+    if args.get("align_corners"):
+        attrs["coordinate_transformation_mode"] = "align_corners"
+    x = emit.value(node.args[0])
+    scales = _resample_scales(args)
+    if scales is not None:
+        return emit.op("Resize", [x, None, emit.constant(np.array([1, 1, *scales], np.float32))], attrs, node=node)
+    return emit.op("Resize", [x, None, None, emit.ints(out_val(node).shape)], attrs, node=node)
+
+
+rule(*(packet.default for packet in _RESAMPLE), *(packet.vec for packet in _RESAMPLE),
+     check=_resample_check)(_resample)

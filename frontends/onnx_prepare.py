@@ -177,13 +177,37 @@ def convert(model: onnx.ModelProto, label: str) -> onnx.ModelProto:
             f"knows (up to {newest}), so it cannot be converted to opset {CANONICAL_OPSET}"
         )
     try:
-        return version_converter.convert_version(model, CANONICAL_OPSET)
+        converted = version_converter.convert_version(model, CANONICAL_OPSET)
     except Exception as exc:
         hint = f" (tilefold reads opsets {MIN_OPSET} to {CANONICAL_OPSET} and newer ones onnx can convert)"
         raise ModelError(
             f"{label}: cannot convert it from opset {version} to opset {CANONICAL_OPSET}: "
             f"{checker_message(exc)}{hint}"
         ) from None
+    return _asymmetric_resizes(converted, _pre_11_resizes(model, version))
+
+
+def _pre_11_resizes(model: onnx.ModelProto, version: int) -> set[str]:
+    """The first outputs of Upsample (opset < 10) and Resize-10 nodes: both map output
+    positions to input ones asymmetrically (x / scale, nearest rounding down)."""
+    if version >= 11:
+        return set()
+    return {n.output[0] for n in model.graph.node
+            if n.domain in DEFAULT_DOMAINS and n.op_type in ("Upsample", "Resize")}
+
+
+def _asymmetric_resizes(model: onnx.ModelProto, outputs: set[str]) -> onnx.ModelProto:
+    """onnx's version converter turns Upsample and Resize-10 into a Resize-11+ that keeps
+    only `mode`, so they would take Resize-11's half_pixel default: this gives them back
+    their asymmetric mapping, with floor for nearest (onnxruntime's rounding when upsampling;
+    it rounds up when a Resize-10 downsamples, which opset 21 cannot express)."""
+    for node in model.graph.node:
+        if node.op_type == "Resize" and node.output[0] in outputs:
+            kept = [a for a in node.attribute if a.name not in ("coordinate_transformation_mode", "nearest_mode")]
+            del node.attribute[:]
+            node.attribute.extend([*kept, helper.make_attribute("coordinate_transformation_mode", "asymmetric"),
+                                   helper.make_attribute("nearest_mode", "floor")])
+    return model
 
 
 def infer_shapes(model: onnx.ModelProto, label: str) -> onnx.ModelProto:

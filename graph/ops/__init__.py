@@ -2,10 +2,10 @@
 
 Modules by family: core (graph structure), elementwise, linalg (the anchors), nn
 (normalizations, softmax, pooling), reduce, tensor (data movement), indexing (gathers,
-shape-producing ops).
+shape-producing ops), resize.
 """
 from . import core  # noqa: F401
-from . import elementwise, indexing, layout, linalg, nn, reduce, tensor  # noqa: F401
+from . import elementwise, indexing, layout, linalg, nn, reduce, resize, tensor  # noqa: F401
 
 ONNX_OPS: frozenset[str] = frozenset("""
 Relu LeakyRelu Sigmoid HardSigmoid HardSwish Tanh Erf Gelu Softplus Elu Sqrt Exp Log Neg Abs
@@ -16,7 +16,7 @@ MatMul Gemm Conv ConvTranspose BatchNormalization InstanceNormalization LayerNor
 AveragePool GlobalAveragePool GlobalMaxPool
 ReduceMean ReduceSum ReduceMax ReduceMin ReduceProd ArgMax ArgMin TopK
 Reshape Flatten Transpose Squeeze Unsqueeze Expand Concat Split Slice Gather GatherElements
-GatherND Tile Pad Shape Size ConstantOfShape Range Trilu CumSum
+GatherND Tile Pad Shape Size ConstantOfShape Range Trilu CumSum Resize
 """.split())
 """The ONNX ops (default domain, opset 21 semantics) that tilefold registers and runs
 natively; any other ONNX op becomes an OnnxReference node."""
@@ -26,6 +26,7 @@ SHAPE_INPUTS: dict[str, frozenset[int]] = {
     "ConstantOfShape": frozenset({0}), "Range": frozenset({0, 1, 2}),
     "Slice": frozenset({1, 2, 3, 4}), "Pad": frozenset({1, 3}), "Split": frozenset({1}),
     "Squeeze": frozenset({1}), "Unsqueeze": frozenset({1}), "TopK": frozenset({1}),
+    "Resize": frozenset({1, 2, 3}),
     **{op: frozenset({1}) for op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd")},
 }
 """Input slots whose values decide result shapes (shape, axes, pads, repeats, ...): infer

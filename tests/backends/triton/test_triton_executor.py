@@ -40,6 +40,32 @@ def test_unsupported_node_falls_back_to_numpy_with_counted_transfers(kit, device
     assert [names for names, _ in kernel_sources(g)] == [["mm"], ["relu"]]
 
 
+def _conv_resize_conv(seed: int):
+    """Conv -> Resize (bilinear x2, no Triton template) -> Conv, as a U-Net decoder step."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.3).astype(F32), n)
+             for n, s in (("w1", (5, 3, 3, 3)), ("w2", (4, 5, 3, 3)))]
+    inits.append(numpy_helper.from_array(np.array([1, 1, 2, 2], F32), "scales"))
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
+             helper.make_node("Resize", ["a", "", "scales"], ["b"], name="up", mode="linear"),
+             helper.make_node("Conv", ["b", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "unet_step", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 5, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 10, 12])], initializer=inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def test_resize_between_convolutions_falls_back_to_numpy_and_matches(kit, device):
+    model = _conv_resize_conv(5)
+    g = tilefold.optimize(tilefold.load(model), "gpu").graph
+    x = np.random.default_rng(6).standard_normal((1, 3, 5, 6)).astype(F32)
+    exe = TritonExecutable(g, device=device)
+    kit.assert_close(exe({"x": x}), kit.ort_outputs(model, {"x": x}))
+    assert [g.node(name).op for name in exe.fallback_nodes] == ["Resize"]
+
+
 def test_node_placed_on_the_host_runs_numpy_behind_transfer_nodes(kit, device):
     g = Graph("placed")
     x = g.add_input("x", TensorType((3, 5), F32))

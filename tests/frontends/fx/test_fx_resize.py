@@ -1,0 +1,71 @@
+"""F.interpolate through from_torch and torch.compile(backend="tilefold") against eager: the
+resampling ops that survive decomposition become Resize, the rest run as gathers, and none
+falls back to eager."""
+from __future__ import annotations
+
+import warnings
+import zlib
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tilefold
+from tilefold.frontends.fx_backend import TilefoldFallbackWarning
+from tilefold.graph.errors import UnsupportedOpError
+
+CASES = [
+    # (input shape, F.interpolate arguments, from_torch gives one Resize)
+    ((2, 3, 5, 4), {"scale_factor": 2, "mode": "nearest"}, True),
+    ((2, 3, 5, 4), {"size": (7, 9), "mode": "nearest"}, True),
+    ((2, 3, 6, 4), {"scale_factor": (0.5, 1.5), "mode": "nearest"}, True),
+    ((2, 3, 5, 4), {"scale_factor": 2, "mode": "nearest-exact"}, False),
+    ((2, 3, 5, 4), {"scale_factor": 2, "mode": "bilinear", "align_corners": False}, True),
+    ((2, 3, 5, 4), {"size": (9, 3), "mode": "bilinear", "align_corners": False}, True),
+    ((2, 3, 5, 4), {"size": (7, 9), "mode": "bilinear", "align_corners": True}, True),
+    ((2, 3, 5, 4), {"scale_factor": 2, "mode": "bicubic", "align_corners": False}, False),
+    ((2, 3, 5, 4), {"size": (7, 9), "mode": "bicubic", "align_corners": True}, False),
+    ((1, 3, 16, 12), {"size": (5, 4), "mode": "bilinear", "antialias": True}, True),
+    ((1, 3, 16, 12), {"scale_factor": 0.5, "mode": "bicubic", "antialias": True}, True),
+    ((1, 3, 5, 6), {"size": (9, 8), "mode": "bicubic", "antialias": True}, True),
+    ((2, 4, 9), {"scale_factor": 2.5, "mode": "linear"}, False),
+    ((1, 2, 3, 4, 5), {"scale_factor": 2, "mode": "trilinear"}, False),
+    ((1, 2, 3, 4, 5), {"scale_factor": 2, "mode": "nearest"}, False),
+]
+
+
+class Interpolate(torch.nn.Module):
+    def __init__(self, kwargs: dict) -> None:
+        super().__init__()
+        self.kwargs = kwargs
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.interpolate(x, **self.kwargs)
+
+
+def _id(case) -> str:
+    shape, kwargs, _ = case
+    return "-".join([kwargs["mode"], "x".join(map(str, shape)), *(f"{k}={v}" for k, v in kwargs.items() if k != "mode")])
+
+
+@pytest.mark.parametrize("shape, kwargs, resize", CASES, ids=[_id(c) for c in CASES])
+def test_interpolate_runs_like_eager_without_fallback(shape, kwargs, resize):
+    rng = np.random.default_rng(zlib.crc32(_id((shape, kwargs, resize)).encode()))
+    model = Interpolate(kwargs)
+    x = torch.from_numpy(rng.standard_normal(shape).astype(np.float32))
+    want = model(x).numpy()
+    graph = tilefold.from_torch(model, (x,))
+    assert (graph.op_counts().get("Resize") == 1) == resize
+    got = tilefold.compile(graph)({graph.inputs[0]: x.numpy()})["output_0"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", TilefoldFallbackWarning)
+        compiled = torch.compile(model, backend="tilefold")(x)
+    np.testing.assert_allclose(compiled.numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_antialiased_align_corners_is_refused_with_a_reason():
+    model = Interpolate({"size": (4, 3), "mode": "bilinear", "antialias": True, "align_corners": True})
+    with pytest.raises(UnsupportedOpError, match="antialiased resampling with align_corners"):
+        tilefold.from_torch(model, (torch.randn(1, 2, 9, 7),))
