@@ -289,12 +289,14 @@ def _as_strided(emit: Emitter, node: torch.fx.Node) -> Value:
 
 
 # ---- resampling ----------------------------------------------------------------------------
-_NEAREST = {"mode": "nearest", "coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"}
-_NEAREST_EXACT = {"mode": "nearest", "nearest_mode": "round_prefer_ceil"}
+_NEAREST: dict[Any, bool] = {
+    aten.upsample_nearest1d: False, aten.upsample_nearest2d: False, aten.upsample_nearest3d: False,
+    aten._upsample_nearest_exact1d: True, aten._upsample_nearest_exact2d: True,
+    aten._upsample_nearest_exact3d: True,
+}
+"""ATen nearest resampling op -> whether it is nearest-exact (see `nearest_source`)."""
+
 _RESAMPLE: dict[Any, dict[str, Any]] = {
-    aten.upsample_nearest1d: _NEAREST, aten.upsample_nearest2d: _NEAREST, aten.upsample_nearest3d: _NEAREST,
-    aten._upsample_nearest_exact1d: _NEAREST_EXACT, aten._upsample_nearest_exact2d: _NEAREST_EXACT,
-    aten._upsample_nearest_exact3d: _NEAREST_EXACT,
     aten.upsample_linear1d: {"mode": "linear"}, aten.upsample_bilinear2d: {"mode": "linear"},
     aten.upsample_trilinear3d: {"mode": "linear"}, aten.upsample_bicubic2d: {"mode": "cubic"},
     aten._upsample_bilinear2d_aa: {"mode": "linear", "antialias": 1, "exclude_outside": 1},
@@ -302,8 +304,7 @@ _RESAMPLE: dict[Any, dict[str, Any]] = {
 }
 """ATen resampling op -> Resize attributes. torch maps output index i to (i + 0.5) / scale - 0.5
 (half_pixel, Resize's default; torch clamps a negative linear source to 0, which equals
-Resize's clamped taps), or i (in - 1) / (out - 1) under align_corners; nearest is
-floor(i / scale), nearest-exact floor((i + 0.5) / scale). The antialiased (`_aa`) kernels
+Resize's clamped taps), or i (in - 1) / (out - 1) under align_corners. The antialiased (`_aa`) kernels
 leave taps outside the input out and renormalize (exclude_outside), and their bicubic
 filter is PIL's (a = -0.5)."""
 
@@ -330,19 +331,66 @@ def _resample_check(node: torch.fx.Node) -> str | None:
     return "antialiased resampling with align_corners" if aa and _resample_args(node).get("align_corners") else None
 
 
+def _axis_scales(args: dict[str, Any], count: int) -> list[float | None]:
+    """Each spatial axis's scale factor as torch received it (None: it uses in / out)."""
+    if "scale_factors" in args:
+        given = args["scale_factors"]
+        return [None] * count if given is None else [float(s) for s in given]
+    return [None if args[k] is None else float(args[k]) for k in ("scales", "scales_d", "scales_h", "scales_w")
+            if k in args]
+
+
+def nearest_source(n_in: int, n_out: int, scale: float | None, exact: bool) -> np.ndarray:
+    """torch's nearest (or nearest-exact) source index of every output position along one
+    axis, in its own float32 arithmetic: floorf(i * s) or floorf((i + 0.5) * s) with
+    s = float(1 / scale) when a scale factor was given, else float(in) / out. Resize, which
+    divides by its float32 scale, differs at whole-number boundaries (11 / float32(1.1) is
+    just below 10, torch's 11 * float(1 / 1.1) just above), so nearest resampling is emitted
+    as gathers of these."""
+    i = np.arange(n_out)
+    if not exact and (n_out == n_in or n_out == 2 * n_in):
+        return i * n_in // n_out
+    s = np.float32(1.0 / scale) if scale is not None and scale > 0 else np.float32(n_in) / np.float32(n_out)
+    if exact:
+        src = np.floor(((i + 0.5) * np.float64(s)).astype(np.float32))
+    else:
+        src = np.floor(i.astype(np.float32) * s)
+    return np.minimum(src.astype(np.int64), n_in - 1)
+
+
+def _nearest(emit: Emitter, node: torch.fx.Node, args: dict[str, Any], exact: bool) -> Value:
+    """One Gather per spatial axis that changes, with torch's own source indices."""
+    shape_in, shape_out = out_val(node.args[0]).shape, out_val(node).shape
+    spatial = range(2, len(shape_out))
+    x = emit.value(node.args[0])
+    for axis, scale in zip(spatial, _axis_scales(args, len(spatial))):
+        index = nearest_source(int(shape_in[axis]), int(shape_out[axis]), scale, exact)
+        if not np.array_equal(index, np.arange(int(shape_in[axis]))):
+            x = emit.op("Gather", [x, emit.constant(index)], {"axis": axis})
+    return emit.op("Identity", [x], node=node)
+
+
 def _resample(emit: Emitter, node: torch.fx.Node) -> Value:
     """Resize over the spatial dims: with torch's own scale factors when it maps coordinates
-    with them, else with the traced output sizes."""
+    with them, else with the traced output sizes; nearest modes as gathers (`nearest_source`)."""
     args = _resample_args(node)
-    attrs = dict(_RESAMPLE[node.target.overloadpacket])
+    packet = node.target.overloadpacket
+    if packet in _NEAREST:
+        return _nearest(emit, node, args, exact=_NEAREST[packet])
+    attrs = dict(_RESAMPLE[packet])
     if args.get("align_corners"):
         attrs["coordinate_transformation_mode"] = "align_corners"
     x = emit.value(node.args[0])
     scales = _resample_scales(args)
+    if scales is not None and packet is not aten.upsample_bicubic2d:
+        # torch's linear and antialiased kernels copy an axis whose size does not change,
+        # whatever its scale factor; plain bicubic maps it with the scale
+        sizes = zip(out_val(node.args[0]).shape[2:], out_val(node).shape[2:])
+        scales = [1.0 if n_in == n_out else s for s, (n_in, n_out) in zip(scales, sizes)]
     if scales is not None:
         return emit.op("Resize", [x, None, emit.constant(np.array([1, 1, *scales], np.float32))], attrs, node=node)
     return emit.op("Resize", [x, None, None, emit.ints(out_val(node).shape)], attrs, node=node)
 
 
-rule(*(packet.default for packet in _RESAMPLE), *(packet.vec for packet in _RESAMPLE),
+rule(*(packet.default for packet in (*_NEAREST, *_RESAMPLE)), *(packet.vec for packet in (*_NEAREST, *_RESAMPLE)),
      check=_resample_check)(_resample)

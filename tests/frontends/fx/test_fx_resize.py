@@ -1,6 +1,6 @@
 """F.interpolate through from_torch and torch.compile(backend="tilefold") against eager: the
-resampling ops that survive decomposition become Resize, the rest run as gathers, and none
-falls back to eager."""
+linear and cubic resampling ops that survive decomposition become Resize, nearest ones and
+the rest run as gathers, and none falls back to eager."""
 from __future__ import annotations
 
 import warnings
@@ -17,9 +17,9 @@ from tilefold.graph.errors import UnsupportedOpError
 
 CASES = [
     # (input shape, F.interpolate arguments, from_torch gives one Resize)
-    ((2, 3, 5, 4), {"scale_factor": 2, "mode": "nearest"}, True),
-    ((2, 3, 5, 4), {"size": (7, 9), "mode": "nearest"}, True),
-    ((2, 3, 6, 4), {"scale_factor": (0.5, 1.5), "mode": "nearest"}, True),
+    ((2, 3, 5, 4), {"scale_factor": 2, "mode": "nearest"}, False),
+    ((2, 3, 5, 4), {"size": (7, 9), "mode": "nearest"}, False),
+    ((2, 3, 6, 4), {"scale_factor": (0.5, 1.5), "mode": "nearest"}, False),
     ((2, 3, 5, 4), {"scale_factor": 2, "mode": "nearest-exact"}, False),
     ((2, 3, 5, 4), {"scale_factor": 2, "mode": "bilinear", "align_corners": False}, True),
     ((2, 3, 5, 4), {"size": (9, 3), "mode": "bilinear", "align_corners": False}, True),
@@ -32,7 +32,21 @@ CASES = [
     ((2, 4, 9), {"scale_factor": 2.5, "mode": "linear"}, False),
     ((1, 2, 3, 4, 5), {"scale_factor": 2, "mode": "trilinear"}, False),
     ((1, 2, 3, 4, 5), {"scale_factor": 2, "mode": "nearest"}, False),
+    # torch's float32 index arithmetic at non-dyadic scales, and axes whose size stays
+    ((1, 2, 17, 10), {"scale_factor": 1.1, "mode": "nearest"}, False),
+    ((1, 2, 17, 13), {"scale_factor": 1.7, "mode": "nearest-exact"}, False),
+    ((1, 2, 17, 29), {"scale_factor": 0.3, "mode": "nearest"}, False),
+    ((1, 2, 3, 29), {"scale_factor": 1.1, "mode": "bilinear"}, True),
+    ((1, 2, 3, 29), {"scale_factor": 1.1, "mode": "bicubic"}, False),
+    ((1, 2, 3, 29), {"scale_factor": 1.1, "mode": "bicubic", "antialias": True}, True),
 ]
+
+
+DECOMPOSITION_DIFFERS = {"bilinear-1x2x3x29-scale_factor=1.1"}
+"""torch.compile decomposes upsample_bilinear2d.vec before any backend sees it, and for an
+axis that a scale other than 1 leaves at its size (3 * 1.1 -> 3) the decomposition maps
+coordinates with the scale where the eager kernel copies the axis: there tilefold's
+compiled result is checked against torch's own decomposition (what inductor computes too)."""
 
 
 class Interpolate(torch.nn.Module):
@@ -62,6 +76,8 @@ def test_interpolate_runs_like_eager_without_fallback(shape, kwargs, resize):
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("error", TilefoldFallbackWarning)
         compiled = torch.compile(model, backend="tilefold")(x)
+    if _id((shape, kwargs, resize)) in DECOMPOSITION_DIFFERS:
+        want = torch.compile(model, backend="aot_eager_decomp_partition")(x).numpy()
     np.testing.assert_allclose(compiled.numpy(), want, rtol=1e-5, atol=1e-5)
 
 
