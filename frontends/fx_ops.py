@@ -63,8 +63,12 @@ _UNARY = {
     aten.floor.default: "Floor", aten.reciprocal.default: "Reciprocal", aten.sign.default: "Sign",
     aten.round.default: "Round", aten.clone.default: "Identity", aten.alias.default: "Identity",
     aten.lift_fresh_copy.default: "Identity", aten.detach.default: "Identity", aten.isnan.default: "IsNaN",
+    aten.tan.default: "Tan", aten.asin.default: "Asin", aten.acos.default: "Acos", aten.atan.default: "Atan",
+    aten.sinh.default: "Sinh", aten.cosh.default: "Cosh", aten.asinh.default: "Asinh",
+    aten.acosh.default: "Acosh", aten.atanh.default: "Atanh",
 }
-_FLOAT_ONLY = {"Exp", "Log", "Sqrt", "Sin", "Cos", "Tanh", "Sigmoid", "Erf", "Reciprocal"}
+_FLOAT_ONLY = {"Exp", "Log", "Sqrt", "Sin", "Cos", "Tanh", "Sigmoid", "Erf", "Reciprocal",
+               "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh"}
 
 
 def _float_input(node: torch.fx.Node) -> str | None:
@@ -129,11 +133,16 @@ def _clamp_tensor(emit: Emitter, node: torch.fx.Node) -> Value:
     return x
 
 
-@rule(aten.logical_not.default, aten.bitwise_not.default,
-      check=lambda n: None if n.args[0].meta["val"].dtype == torch.bool or n.target == aten.logical_not.default
-      else "bitwise_not on integers")
+@rule(aten.logical_not.default)
 def _not(emit: Emitter, node: torch.fx.Node) -> Value:
     return emit.op("Not", [emit.tensor(node.args[0], torch.bool)], node=node)
+
+
+@rule(aten.bitwise_not.default)
+def _bitwise_not(emit: Emitter, node: torch.fx.Node) -> Value:
+    """Not on bools, BitwiseNot on integers."""
+    op = "Not" if out_val(node).dtype == torch.bool else "BitwiseNot"
+    return emit.op(op, [emit.value(node.args[0])], node=node)
 
 
 def _binary(onnx_op: str, *, compare: bool = False, bool_inputs: bool = False):
@@ -170,7 +179,20 @@ _COMPARE = {
 _LOGICAL = {
     "And": (aten.logical_and.default,), "Or": (aten.logical_or.default,), "Xor": (aten.logical_xor.default,),
 }
-_BITWISE_BOOL = {"And": aten.bitwise_and.Tensor, "Or": aten.bitwise_or.Tensor, "Xor": aten.bitwise_xor.Tensor}
+_BITWISE = {
+    ("And", "BitwiseAnd"): (aten.bitwise_and.Tensor, aten.bitwise_and.Scalar),
+    ("Or", "BitwiseOr"): (aten.bitwise_or.Tensor, aten.bitwise_or.Scalar),
+    ("Xor", "BitwiseXor"): (aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar),
+}
+"""(op on bools, op on integers): torch's bitwise ops are logical ones on bools."""
+_SHIFTS = {
+    "LEFT": (aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar,
+             aten.bitwise_left_shift.Scalar_Tensor, aten.__lshift__.Tensor, aten.__lshift__.Scalar),
+    "RIGHT": (aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar,
+              aten.bitwise_right_shift.Scalar_Tensor, aten.__rshift__.Tensor, aten.__rshift__.Scalar),
+}
+"""torch shifts as BitShift: both give 0 (or a negative value's sign fill, shifting right) for
+an amount that is negative or at least the width."""
 
 
 def _div_check(node: torch.fx.Node) -> str | None:
@@ -183,9 +205,19 @@ for _op, _targets in _COMPARE.items():
     rule(*_targets)(_binary(_op, compare=True))
 for _op, _targets in _LOGICAL.items():
     rule(*_targets)(_binary(_op, bool_inputs=True))
-for _op, _target in _BITWISE_BOOL.items():
-    rule(_target, check=lambda n: None if out_val(n).dtype == torch.bool else "bitwise op on integers")(
-        _binary(_op, bool_inputs=True))
+for (_logical, _bitwise), _targets in _BITWISE.items():
+    def _convert_bitwise(emit: Emitter, node: torch.fx.Node, _logical: str = _logical,
+                         _bitwise: str = _bitwise) -> Value:
+        if out_val(node).dtype == torch.bool:
+            return _binary(_logical, bool_inputs=True)(emit, node)
+        return _binary(_bitwise)(emit, node)
+    rule(*_targets)(_convert_bitwise)
+for _direction, _targets in _SHIFTS.items():
+    def _convert_shift(emit: Emitter, node: torch.fx.Node, _direction: str = _direction) -> Value:
+        dtype = out_val(node).dtype
+        operands = [emit.tensor(node.args[0], dtype), emit.tensor(node.args[1], dtype)]
+        return emit.op("BitShift", operands, {"direction": _direction}, node=node)
+    rule(*_targets, check=lambda n: "a shift of bools" if out_val(n).dtype == torch.bool else None)(_convert_shift)
 
 
 @rule(aten.ne.Tensor, aten.ne.Scalar)

@@ -19,7 +19,7 @@ from .encoding import PackedEncoding
 NEUTRAL_PAD: dict[str, float] = {
     "ReduceSum": 0.0, "ReduceMean": 0.0, "ReduceL1": 0.0, "ReduceL2": 0.0, "ReduceSumSquare": 0.0,
     "GlobalAveragePool": 0.0, "ReduceMax": -np.inf, "GlobalMaxPool": -np.inf, "ReduceLogSumExp": -np.inf,
-    "ReduceMin": np.inf, "ReduceProd": 1.0,
+    "ReduceLogSum": 0.0, "ReduceMin": np.inf, "ReduceProd": 1.0,
 }
 """What the padding of a reduced tiled dim must hold for the reduction to ignore it (a mean
 divides by the true count). Other reductions (Softmax, LayerNormalization, ArgMax) go over a
@@ -28,6 +28,7 @@ tiled dim only when its tile divides it."""
 KEEPS_ZERO = frozenset({
     "Identity", "Cast", "Relu", "LeakyRelu", "PRelu", "Elu", "Selu", "Gelu", "Tanh", "Erf", "Sin", "Sinh", "Asin",
     "Atan", "Asinh", "Atanh", "Tan", "Sqrt", "Abs", "Neg", "Sign", "Round", "Floor", "Ceil", "Softsign", "HardSwish",
+    "Mish", "Celu", "ThresholdedRelu", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitShift",
     "Add", "Sub", "Mul", "Max", "Min", "Sum", "Where", "Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze",
     "Expand", "Concat", "Split", "Slice", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
     "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceL1", "ReduceL2", "ReduceSumSquare",

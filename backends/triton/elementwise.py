@@ -93,6 +93,15 @@ OPS: dict[str, Expr] = {
     "Softplus": _unary("tl.where({0} > 20.0, {0}, tl.log(1.0 + tl.exp({0})))"),
     "LeakyRelu": lambda a, node, c: f"tl.where({a[0]} >= 0.0, {a[0]}, {a[0]} * {float(node.attrs['alpha'])!r})",
     "Elu": lambda a, node, c: f"tl.where({a[0]} >= 0.0, {a[0]}, {float(node.attrs['alpha'])!r} * (tl.exp({a[0]}) - 1.0))",
+    "Selu": lambda a, node, c: (
+        f"{float(node.attrs['gamma'])!r} * tl.where({a[0]} > 0.0, {a[0]}, "
+        f"{float(node.attrs['alpha'])!r} * (tl.exp({a[0]}) - 1.0))"),
+    "Celu": lambda a, node, c: (
+        f"tl.where({a[0]} >= 0.0, {a[0]}, {float(node.attrs['alpha'])!r} * "
+        f"(tl.exp({a[0]} / {float(node.attrs['alpha'])!r}) - 1.0))"),
+    "ThresholdedRelu": lambda a, node, c: f"tl.where({a[0]} > {float(node.attrs['alpha'])!r}, {a[0]}, 0.0)",
+    "Softsign": _unary("{0} / (1.0 + tl.abs({0}))"),
+    "Mish": _unary("{0} * (1.0 - 2.0 / (1.0 + tl.exp(2.0 * tl.where({0} > 20.0, {0}, tl.log(1.0 + tl.exp({0}))))))"),
     "HardSigmoid": lambda a, node, c: (
         f"tl.clamp({float(node.attrs['alpha'])!r} * {a[0]} + {float(node.attrs['beta'])!r}, 0.0, 1.0{NAN})"),
     "Gelu": _gelu,

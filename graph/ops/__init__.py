@@ -10,11 +10,13 @@ from . import elementwise, indexing, layout, linalg, nn, reduce, resize, tensor 
 ONNX_OPS: frozenset[str] = frozenset("""
 Relu LeakyRelu Sigmoid HardSigmoid HardSwish Tanh Erf Gelu Softplus Elu Sqrt Exp Log Neg Abs
 Reciprocal Floor Ceil Round Sin Cos Sign Not IsNaN IsInf
+Tan Asin Acos Atan Sinh Cosh Asinh Acosh Atanh Softsign Mish Selu Celu ThresholdedRelu Shrink
 Add Sub Mul Div Pow Mod Max Min Sum Mean Equal Less LessOrEqual Greater GreaterOrEqual And Or
-Xor PRelu Where Clip Cast CastLike Identity Dropout
+Xor BitwiseAnd BitwiseOr BitwiseXor BitwiseNot BitShift PRelu Where Clip Cast CastLike Identity Dropout
 MatMul Gemm Conv ConvTranspose BatchNormalization InstanceNormalization LayerNormalization LRN Softmax LogSoftmax MaxPool
 AveragePool GlobalAveragePool GlobalMaxPool
-ReduceMean ReduceSum ReduceMax ReduceMin ReduceProd ArgMax ArgMin TopK
+ReduceMean ReduceSum ReduceMax ReduceMin ReduceProd ReduceL1 ReduceL2 ReduceLogSum ReduceLogSumExp
+ReduceSumSquare ArgMax ArgMin TopK
 Reshape Flatten Transpose Squeeze Unsqueeze Expand Concat Split Slice Gather GatherElements
 GatherND Tile Pad Shape Size ConstantOfShape Range Trilu CumSum Resize
 """.split())
@@ -27,7 +29,7 @@ SHAPE_INPUTS: dict[str, frozenset[int]] = {
     "Slice": frozenset({1, 2, 3, 4}), "Pad": frozenset({1, 3}), "Split": frozenset({1}),
     "Squeeze": frozenset({1}), "Unsqueeze": frozenset({1}), "TopK": frozenset({1}),
     "Resize": frozenset({1, 2, 3}),
-    **{op: frozenset({1}) for op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd")},
+    **{op: frozenset({1}) for op in reduce.REDUCE_OPS},
 }
 """Input slots whose values decide result shapes (shape, axes, pads, repeats, ...): infer
 reads them from constants, and they are `None` operands of the iteration signature."""

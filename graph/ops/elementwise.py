@@ -1,5 +1,5 @@
 """Elementwise ops: unary activations and math, numpy-broadcast binary and variadic ops,
-Where, Clip, Cast, CastLike and inference-mode Dropout.
+bitwise integer ops, Where, Clip, Cast, CastLike and inference-mode Dropout.
 
 All are layout-agnostic (their signature is `ab,b->ab`-style, from `signature.elementwise`)
 and act on splat constants value by value, so folding keeps splats unmaterialized.
@@ -48,8 +48,17 @@ def _elementwise_signature(attrs: dict[str, Any], types: list[TensorType | None]
 
 
 # ---- unary -----------------------------------------------------------------------------
-def _unary_infer(out_dtype: np.dtype | None):
+def _integers_only(op: str, types: Sequence[TensorType | None]) -> None:
+    """VerifyError unless every input has an integer element type (the bitwise ops)."""
+    for i, t in enumerate(types):
+        if t is not None and t.dtype.kind not in "iu":
+            raise VerifyError(f"{op}: input {i} {t} must have an integer element type")
+
+
+def _unary_infer(name: str, out_dtype: np.dtype | None, integers: bool):
     def infer(attrs, types, consts):
+        if integers:
+            _integers_only(name, types)
         t = types[0]
         return [TensorType(t.shape, out_dtype or t.dtype)]
 
@@ -57,29 +66,38 @@ def _unary_infer(out_dtype: np.dtype | None):
 
 
 def _unary(name: str, *, out_dtype: np.dtype | None = None, defaults: dict | None = None,
-           doc: str = "") -> None:
+           integers: bool = False, doc: str = "") -> None:
     register(OpDef(
-        name, infer=_unary_infer(out_dtype), signature=_elementwise_signature,
+        name, infer=_unary_infer(name, out_dtype, integers), signature=_elementwise_signature,
         layout="agnostic", splat="elementwise", min_inputs=1, max_inputs=1,
         defaults=defaults or {}, doc=doc,
     ))
 
 
 for _name in ("Relu", "Sigmoid", "HardSwish", "Tanh", "Erf", "Softplus", "Sqrt", "Exp", "Log",
-              "Neg", "Abs", "Reciprocal", "Floor", "Ceil", "Round", "Sin", "Cos", "Sign"):
+              "Neg", "Abs", "Reciprocal", "Floor", "Ceil", "Round", "Sin", "Cos", "Sign",
+              "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh", "Softsign", "Mish"):
     _unary(_name)
 _unary("LeakyRelu", defaults={"alpha": _f32(0.01)})
 _unary("HardSigmoid", defaults={"alpha": _f32(0.2), "beta": _f32(0.5)})
 _unary("Elu", defaults={"alpha": 1.0})
+_unary("Selu", defaults={"alpha": _f32(1.67326319217681884765625), "gamma": _f32(1.05070102214813232421875)})
+_unary("Celu", defaults={"alpha": 1.0})
+_unary("ThresholdedRelu", defaults={"alpha": 1.0})
+_unary("Shrink", defaults={"bias": 0.0, "lambd": 0.5},
+       doc="x + bias below -lambd, x - bias above lambd, 0 between; any numeric type.")
 _unary("Gelu", defaults={"approximate": "none"}, doc="approximate: 'none' (erf) or 'tanh'.")
+_unary("BitwiseNot", integers=True)
 _unary("Not", out_dtype=BOOL)
 _unary("IsNaN", out_dtype=BOOL)
 _unary("IsInf", out_dtype=BOOL, defaults={"detect_negative": 1, "detect_positive": 1})
 
 
 # ---- binary and variadic ----------------------------------------------------------------
-def _nary_infer(name: str, out_dtype: np.dtype | None, same_type: bool):
+def _nary_infer(name: str, out_dtype: np.dtype | None, same_type: bool, integers: bool):
     def infer(attrs, types, consts):
+        if integers:
+            _integers_only(name, types)
         dtype = _same_dtype(name, types) if same_type else types[0].dtype
         return [TensorType(_broadcast(name, types), out_dtype or dtype)]
 
@@ -87,9 +105,9 @@ def _nary_infer(name: str, out_dtype: np.dtype | None, same_type: bool):
 
 
 def _nary(name: str, *, variadic: bool = False, out_dtype: np.dtype | None = None,
-          same_type: bool = True, defaults: dict | None = None, doc: str = "") -> None:
+          same_type: bool = True, integers: bool = False, defaults: dict | None = None, doc: str = "") -> None:
     register(OpDef(
-        name, infer=_nary_infer(name, out_dtype, same_type), signature=_elementwise_signature,
+        name, infer=_nary_infer(name, out_dtype, same_type, integers), signature=_elementwise_signature,
         layout="agnostic", splat="elementwise", min_inputs=1 if variadic else 2,
         max_inputs=None if variadic else 2, broadcasts=True, defaults=defaults or {}, doc=doc,
     ))
@@ -103,6 +121,22 @@ for _name in ("Max", "Min", "Sum", "Mean"):
     _nary(_name, variadic=True)
 for _name in ("Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "And", "Or", "Xor"):
     _nary(_name, out_dtype=BOOL)
+for _name in ("BitwiseAnd", "BitwiseOr", "BitwiseXor"):
+    _nary(_name, integers=True)
+
+
+def _bitshift_infer(attrs, types, consts):
+    if attrs.get("direction") not in ("LEFT", "RIGHT"):
+        raise VerifyError(f"BitShift: direction must be 'LEFT' or 'RIGHT', got {attrs.get('direction')!r}")
+    return _nary_infer("BitShift", None, True, True)(attrs, types, consts)
+
+
+register(OpDef(
+    "BitShift", infer=_bitshift_infer, signature=_elementwise_signature, layout="agnostic",
+    splat="elementwise", min_inputs=2, max_inputs=2, broadcasts=True,
+    doc="direction: 'LEFT' or 'RIGHT' (required). A shift that is negative or at least the width "
+        "gives the sign fill (0, or -1 for a right shift of a negative value), as opset 28 defines.",
+))
 
 
 def _prelu_infer(attrs, types, consts):

@@ -1,4 +1,5 @@
-"""Reductions: ReduceMean/Sum/Max/Min/Prod (axes as an optional input) and ArgMax/ArgMin.
+"""Reductions: ReduceMean/Sum/Max/Min/Prod/L1/L2/LogSum/LogSumExp/SumSquare (axes as an
+optional input), ArgMax/ArgMin, TopK and CumSum.
 
 Signature of a reduction over axis 1 of a rank-3 tensor: `abc->ac` (b reduction), or
 `abc->a1c` with keepdims, where the kept dim is a broadcast singleton of the result.
@@ -109,7 +110,11 @@ def _reduce_signature(op: str):
     return signature
 
 
-for _op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd"):
+REDUCE_OPS = ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1", "ReduceL2",
+              "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare")
+"""The ONNX reductions with an optional axes input and keepdims / noop_with_empty_axes."""
+
+for _op in REDUCE_OPS:
     register(OpDef(
         _op, infer=_reduce_infer(_op), signature=_reduce_signature(_op), layout="sensitive",
         min_inputs=1, max_inputs=2, defaults=dict(_DEFAULTS),

@@ -171,3 +171,80 @@ def test_cast_and_cast_like(check, rng, source, target):
 
 def test_identity(check, rng):
     check("Identity", [floats(rng, (2, 3, 4))])
+
+
+# ---- trigonometric and hyperbolic math, activations -------------------------------------------
+DOMAINS = {  # each op on random inputs inside its domain, away from poles
+    "Tan": (-1.5, 1.5), "Asin": (-0.999, 0.999), "Acos": (-0.999, 0.999), "Atan": (-40, 40), "Sinh": (-9, 9),
+    "Cosh": (-9, 9), "Asinh": (-500, 500), "Acosh": (1, 500), "Atanh": (-0.999, 0.999), "Softsign": (-30, 30),
+    "Mish": (-30, 30),
+}
+
+
+@pytest.mark.parametrize("op", sorted(DOMAINS))
+def test_math_ops_match_onnxruntime_inside_their_domains(check, rng, op):
+    check(op, [rng.uniform(*DOMAINS[op], (4, 5, 6)).astype(F32)], rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("op, attrs", [
+    ("Selu", {}), ("Selu", {"alpha": 1.3, "gamma": 0.8}), ("Celu", {}), ("Celu", {"alpha": 0.6}),
+    ("ThresholdedRelu", {}), ("ThresholdedRelu", {"alpha": -0.4}), ("Shrink", {}),
+    ("Shrink", {"bias": 0.3, "lambd": 0.7}),
+])
+def test_parametric_activations_match_onnxruntime(check, rng, op, attrs):
+    check(op, [floats(rng, (3, 5, 7))], attrs, rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float16])
+@pytest.mark.parametrize("op", ["Tan", "Asinh", "Atanh", "Cosh", "Softsign", "Mish", "Selu", "Celu", "Shrink"])
+def test_new_math_ops_keep_other_float_dtypes(check, rng, op, dtype):
+    tolerance = 2e-3 if dtype == np.float16 else 1e-12
+    x = rng.uniform(-0.99, 0.99, (6, 5)).astype(dtype) * (1 if op in ("Atanh", "Tan") else 4)
+    check(op, [x], rtol=tolerance, atol=tolerance, reference="onnx")
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64, np.uint8])
+def test_shrink_on_integers_truncates_like_onnxruntime(check, rng, dtype):
+    info = np.iinfo(dtype)
+    x = rng.integers(max(info.min, -60), 60, (5, 8)).astype(dtype)
+    check("Shrink", [x], {"bias": 2.6, "lambd": 3.5}, rtol=0, atol=0)
+
+
+# ---- bitwise ----------------------------------------------------------------------------
+INTEGERS = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
+
+
+def integers(rng, shape, dtype):
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+
+
+@pytest.mark.parametrize("op", ["BitwiseAnd", "BitwiseOr", "BitwiseXor"])
+@pytest.mark.parametrize("dtype", INTEGERS)
+def test_bitwise_ops_broadcast_over_every_integer_type(check, rng, op, dtype):
+    check(op, [integers(rng, (3, 1, 6), dtype), integers(rng, (4, 6), dtype)], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", INTEGERS)
+def test_bitwise_not(check, rng, dtype):
+    check("BitwiseNot", [integers(rng, (5, 7), dtype)], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("direction", ["LEFT", "RIGHT"])
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32, np.uint64])
+def test_bit_shifts_by_less_than_the_width(check, rng, direction, dtype):
+    bits = np.dtype(dtype).itemsize * 8
+    x, y = integers(rng, (4, 9), dtype), rng.integers(0, bits, (9,)).astype(dtype)
+    check("BitShift", [x, y], {"direction": direction}, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("direction", ["LEFT", "RIGHT"])
+def test_bit_shifts_by_the_width_or_more_give_zero(run, rng, direction):
+    """ONNX 28 defines these (C leaves them undefined, and onnxruntime masks the amount)."""
+    x = integers(rng, (3, 8), np.uint32)
+    y = rng.integers(32, 300, (3, 8)).astype(np.uint32)
+    y[0] = rng.integers(0, 32, 8)
+    (got,) = run("BitShift", [x, y], {"direction": direction})
+    shift = (lambda a, b: a << b) if direction == "LEFT" else (lambda a, b: a >> b)
+    want = [[shift(int(a), int(b)) % 2**32 if b < 32 else 0 for a, b in zip(*rows)] for rows in zip(x, y)]
+    np.testing.assert_array_equal(got, np.array(want, np.uint32))

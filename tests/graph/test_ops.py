@@ -38,7 +38,7 @@ def sig(op, types, consts=None, **attrs) -> Signature | None:
 
 # ---- declarations ----------------------------------------------------------------------
 def test_every_claimed_onnx_op_is_registered():
-    assert len(ONNX_OPS) == 93
+    assert len(ONNX_OPS) == 118
     assert all(registry.is_registered(op) for op in ONNX_OPS)
 
 
@@ -211,6 +211,9 @@ def test_movement_signatures():
     ("Squeeze", [T(2, 3), T(1, dtype=I64)], {}, [None, np.array([1])], "dim 1"),
     ("Transpose", [T(2, 3)], {"perm": (0, 0)}, None, "perm (0, 0)"),
     ("Add", [T(2), T(2, dtype=I64)], {}, None, "int64[2]"),
+    ("BitwiseAnd", [T(2, 3, dtype=I64), T(3)], {}, None, "float32[3]"),
+    ("BitwiseNot", [T(4)], {}, None, "float32[4]"),
+    ("BitShift", [T(2, dtype=np.dtype(np.uint8)), T(2, dtype=np.dtype(np.uint8))], {"direction": "UP"}, None, "'UP'"),
 ])
 def test_inconsistent_inputs_raise_one_line_naming_the_shapes(op, types, attrs, consts, needle):
     with pytest.raises(VerifyError) as info:

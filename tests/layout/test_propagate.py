@@ -244,3 +244,37 @@ def test_layout_changes_alone_are_exact_on_small_integers(target):
     plain = tilefold.compile(g)({"x": x})["y"]
     assert np.array_equal(plain * 64, np.round(plain * 64))  # exact values throughout
     np.testing.assert_array_equal(tilefold.compile(optimize(g, target).after)({"x": x})["y"], plain)
+
+
+def test_channels_last_passes_through_new_activations_into_a_norm_on_cpu():
+    """conv -> Mish -> conv -> Softsign -> Celu -> ReduceL2 over H, W: the activations carry the
+    convs' channels-last layout, and the norm reduces the channels-last buffer, as for Relu and
+    ReduceMean; the values match onnxruntime's."""
+    import onnxruntime as ort
+
+    w1 = RNG.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.3
+    w2 = RNG.standard_normal((8, 8, 3, 3)).astype(np.float32) * 0.3
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+         helper.make_node("Mish", ["c1"], ["m"]),
+         helper.make_node("Conv", ["m", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+         helper.make_node("Softsign", ["c2"], ["s"]),
+         helper.make_node("Celu", ["s"], ["e"], alpha=0.7),
+         helper.make_node("ReduceL2", ["e", "axes"], ["y"], keepdims=0)],
+        "activations",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 9, 9])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"),
+         numpy_helper.from_array(np.array([2, 3], np.int64), "axes")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    after = optimize(tilefold.load(model), "cpu", verify=True).after
+    assert runtime_layout_ops(after) == []
+    for op in ("Mish", "Softsign", "Celu"):
+        (node,) = [n for n in after.nodes() if n.op == op]
+        assert node.outputs[0].encoding == NHWC, op
+    (norm,) = [n for n in after.nodes() if n.op == "ReduceL2"]
+    assert after.type_of(after.inputs_of(norm.name)[0]).encoding == NHWC
+    x = RNG.standard_normal((2, 3, 9, 9)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(tilefold.compile(after, debug=True)({"x": x})["y"], want, rtol=1e-5, atol=1e-5)

@@ -1,5 +1,5 @@
 """Elementwise kernels: unary activations and math, broadcasting binary and variadic ops,
-comparisons and logic, Where, Clip, Cast, CastLike and Identity.
+comparisons, logic and bitwise ops, Where, Clip, Cast, CastLike and Identity.
 
 Every kernel here but Cast, CastLike and Identity is declared `inplace`: `run(*inputs,
 out=None)` writes into `out` when the executor hands over a dying input buffer of the
@@ -58,13 +58,18 @@ def erf_float32(x: np.ndarray, out: np.ndarray | None = None, scale: float = 1.0
     return np.divide(numerator, denominator, out=out)
 
 
-def _in_float32(fn: Unary, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-    """fn computed in float32 on a float16 input, the result cast back (into `out` if given)."""
-    result = fn(x.astype(np.float32), None).astype(x.dtype)
+def _computed_in(wide: type, fn: Unary, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """fn computed on x cast to `wide`, the result cast back (into `out` if given)."""
+    result = fn(x.astype(wide), None).astype(x.dtype)
     if out is None:
         return result
     out[...] = result
     return out
+
+
+def _in_float32(fn: Unary, x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """fn computed in float32 on a float16 input, the result cast back (into `out` if given)."""
+    return _computed_in(np.float32, fn, x, out)
 
 
 def erf(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -157,6 +162,68 @@ def _elu(alpha: float) -> Unary:
     return run
 
 
+def _selu(alpha: float, gamma: float) -> Unary:
+    """gamma * (x for x > 0, alpha * expm1(x) else): Elu scaled."""
+    elu = _elu(alpha)
+
+    def run(x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+        y = elu(x, out)
+        y *= gamma
+        return y
+
+    return run
+
+
+def _celu(alpha: float) -> Unary:
+    """max(0, x) + min(0, alpha * expm1(x / alpha)), as Elu on x / alpha below zero."""
+    def run(x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+        negative = np.minimum(x, 0)
+        negative /= alpha
+        np.expm1(negative, out=negative)
+        negative *= alpha
+        y = np.maximum(x, 0, out=out)
+        y += negative
+        return y
+
+    return run
+
+
+def _softsign(x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """x / (1 + |x|)."""
+    denominator = np.absolute(x)
+    denominator += 1
+    return np.divide(x, denominator, out=out)
+
+
+def _mish(x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """x * tanh(softplus(x)), in float32 for float16 (softplus would round before the tanh)."""
+    if x.dtype == np.float16:
+        return _in_float32(_mish, x, out)
+    gate = np.logaddexp(x, 0)
+    np.tanh(gate, out=gate)
+    return np.multiply(x, gate, out=out)
+
+
+def _thresholded_relu(alpha: float) -> Unary:
+    def run(x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+        return _select(np.greater(x, alpha), x, x.dtype.type(0), out)
+
+    return run
+
+
+def _shrink(bias: float, lambd: float) -> Unary:
+    """x + bias below -lambd, x - bias above lambd, 0 between. Integers and float16 compute
+    in a wider float and cast back (integers truncate toward zero, as onnxruntime's cast)."""
+    def run(x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+        if x.dtype.kind != "f" or x.dtype == np.float16:
+            return _computed_in(np.float64 if x.dtype.kind != "f" else np.float32, run, x, out)
+        b, limit, zero = x.dtype.type(bias), x.dtype.type(lambd), x.dtype.type(0)
+        inner = np.where(np.greater(x, limit), np.subtract(x, b), zero)
+        return _select(np.less(x, -limit), np.add(x, b), inner, out)
+
+    return run
+
+
 def _is_inf(positive: bool, negative: bool) -> Unary:
     def run(x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         if positive and negative:
@@ -208,7 +275,23 @@ UNARY: dict[str, Callable[[dict[str, Any]], Unary]] = {
     "Sin": _ufunc(np.sin),
     "Cos": _ufunc(np.cos),
     "Sign": _ufunc(np.sign),
+    "Tan": _ufunc(np.tan),
+    "Asin": _ufunc(np.arcsin),
+    "Acos": _ufunc(np.arccos),
+    "Atan": _ufunc(np.arctan),
+    "Sinh": _ufunc(np.sinh),
+    "Cosh": _ufunc(np.cosh),
+    "Asinh": _ufunc(np.arcsinh),
+    "Acosh": _ufunc(np.arccosh),
+    "Atanh": _ufunc(np.arctanh),
+    "Softsign": lambda a: _softsign,
+    "Mish": lambda a: _mish,
+    "Selu": lambda a: _selu(a.get("alpha", 1.67326319217681884765625), a.get("gamma", 1.05070102214813232421875)),
+    "Celu": lambda a: _celu(a.get("alpha", 1.0)),
+    "ThresholdedRelu": lambda a: _thresholded_relu(a.get("alpha", 1.0)),
+    "Shrink": lambda a: _shrink(a.get("bias", 0.0), a.get("lambd", 0.5)),
     "Not": _ufunc(np.logical_not),
+    "BitwiseNot": _ufunc(np.invert),
     "IsNaN": _ufunc(np.isnan),
     "IsInf": lambda a: _is_inf(bool(a.get("detect_positive", 1)), bool(a.get("detect_negative", 1))),
 }
@@ -313,6 +396,14 @@ BINARY: dict[str, Callable[[dict[str, Any], np.dtype], Callable]] = {
     "And": lambda a, t: lambda x, y, out: np.logical_and(x, y, out=out),
     "Or": lambda a, t: lambda x, y, out: np.logical_or(x, y, out=out),
     "Xor": lambda a, t: lambda x, y, out: np.logical_xor(x, y, out=out),
+    "BitwiseAnd": lambda a, t: lambda x, y, out: np.bitwise_and(x, y, out=out),
+    "BitwiseOr": lambda a, t: lambda x, y, out: np.bitwise_or(x, y, out=out),
+    "BitwiseXor": lambda a, t: lambda x, y, out: np.bitwise_xor(x, y, out=out),
+    # NumPy shifts by a negative amount or by the width or more give the sign fill, as ONNX 28
+    "BitShift": lambda a, t: (
+        (lambda x, y, out: np.left_shift(x, y, out=out)) if a.get("direction") == "LEFT"
+        else (lambda x, y, out: np.right_shift(x, y, out=out))
+    ),
     "PRelu": lambda a, t: _prelu,
 }
 

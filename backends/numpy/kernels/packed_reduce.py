@@ -1,4 +1,4 @@
-"""Reductions (ReduceMean, ReduceSum, ReduceMax, ReduceMin, ReduceProd) on packed buffers.
+"""Reductions (ReduceMean, ReduceSum, ReduceMax, ... : `REDUCE_OPS`) on packed buffers.
 
 The reduction runs over the buffer axes that hold the reduced dims, outer and tile axes
 alike, so no element moves: a channels-last (N, H, W, C) buffer reduced over H and W is one
@@ -10,6 +10,7 @@ encoding by a reshape when the bytes agree, else by one copy.
 from __future__ import annotations
 
 
+from ....graph.ops.reduce import REDUCE_OPS
 from ....layout.encoding import PackedEncoding
 from ..registry import KernelSpec, Run, packed_kernel
 from .common import as_array, check_dtypes, const_ints, norm_axes
@@ -52,5 +53,5 @@ def _register(op: str) -> None:
         return lambda p, _axes=None: finish(as_array(reduce(p, buffer_axes, keep)).astype(y.dtype, copy=False))
 
 
-for _op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd"):
+for _op in REDUCE_OPS:
     _register(_op)

@@ -1,9 +1,11 @@
-"""Reductions (ReduceMean, ReduceSum, ReduceMax, ReduceMin, ReduceProd), ArgMax/ArgMin and TopK.
+"""Reductions (ReduceMean, ReduceSum, ReduceMax, ReduceMin, ReduceProd, ReduceL1, ReduceL2,
+ReduceLogSum, ReduceLogSumExp, ReduceSumSquare), ArgMax/ArgMin, TopK and CumSum.
 
 Reductions take their axes as an optional input (opset >= 18 form); a missing or empty
 axes input reduces every axis, unless `noop_with_empty_axes` asks for the input back.
 Results keep the input's dtype (NumPy would widen small integer sums and mean integers
-into float64).
+into float64); the reductions that square, exponentiate or take logarithms compute float16
+in float32 (a float16 square overflows from 256 on) and cast back.
 """
 from __future__ import annotations
 
@@ -11,8 +13,11 @@ from typing import Callable
 
 import numpy as np
 
+from ....graph.ops.reduce import REDUCE_OPS
 from ..registry import KernelSpec, Run, kernel
 from .common import as_array, check_dtypes, const_ints, norm_axes
+
+Reduce = Callable[[np.ndarray, tuple[int, ...], bool], np.ndarray]
 
 
 def _extreme(dtype: np.dtype, highest: bool):
@@ -25,19 +30,72 @@ def _extreme(dtype: np.dtype, highest: bool):
     return info.max if highest else info.min
 
 
-def reducer(op: str, dtype: np.dtype) -> Callable[[np.ndarray, tuple[int, ...], bool], np.ndarray]:
-    """`fn(x, axes, keepdims)` computing `op` with ONNX semantics in `dtype`."""
-    if op == "ReduceSum":
-        return lambda x, axes, keep: np.sum(x, axis=axes, keepdims=keep, dtype=dtype)
-    if op == "ReduceProd":
-        return lambda x, axes, keep: np.prod(x, axis=axes, keepdims=keep, dtype=dtype)
-    if op == "ReduceMax":
-        low = _extreme(dtype, highest=False)
-        return lambda x, axes, keep: np.max(x, axis=axes, keepdims=keep, initial=low)
-    if op == "ReduceMin":
-        high = _extreme(dtype, highest=True)
-        return lambda x, axes, keep: np.min(x, axis=axes, keepdims=keep, initial=high)
-    return lambda x, axes, keep: np.mean(x, axis=axes, keepdims=keep)
+def _wide(dtype: np.dtype) -> np.dtype:
+    """The dtype the nonlinear reductions compute in: float32 for float16, else `dtype`."""
+    return np.dtype(np.float32) if dtype == np.float16 else dtype
+
+
+def _sum_square(dtype: np.dtype) -> Reduce:
+    wide = _wide(dtype)
+    return lambda x, axes, keep: np.sum(np.square(x, dtype=wide), axis=axes, keepdims=keep, dtype=wide)
+
+
+def _l2(dtype: np.dtype) -> Reduce:
+    """sqrt of the sum of squares; integers take the root in float64 and truncate, as onnxruntime."""
+    square_sum = _sum_square(dtype)
+    root = np.float64 if dtype.kind in "iu" else _wide(dtype)
+    return lambda x, axes, keep: np.sqrt(square_sum(x, axes, keep), dtype=root)
+
+
+def _log_sum(dtype: np.dtype) -> Reduce:
+    """log of the sum: -inf for an empty set (log 0), as ONNX asks."""
+    wide = _wide(dtype)
+
+    def run(x: np.ndarray, axes: tuple[int, ...], keep: bool) -> np.ndarray:
+        total = np.sum(x, axis=axes, keepdims=keep, dtype=wide)
+        with np.errstate(divide="ignore"):
+            return np.log(total, dtype=np.float64 if dtype.kind in "iu" else wide)
+
+    return run
+
+
+def _log_sum_exp(dtype: np.dtype) -> Reduce:
+    """max + log(sum(exp(x - max))), so large inputs do not overflow; the shift is 0 where the
+    max is infinite (an empty set's -inf, or an inf input) so no inf - inf NaN appears."""
+    wide = np.dtype(np.float64) if dtype.kind in "iu" else _wide(dtype)
+
+    def run(x: np.ndarray, axes: tuple[int, ...], keep: bool) -> np.ndarray:
+        x = x.astype(wide, copy=False)
+        peak = np.max(x, axis=axes, keepdims=True, initial=-np.inf)
+        shift = np.where(np.isfinite(peak), peak, 0).astype(wide, copy=False)
+        total = np.sum(np.exp(x - shift), axis=axes, keepdims=keep)
+        with np.errstate(divide="ignore"):
+            result = np.log(total)
+        result += shift if keep else np.squeeze(shift, axis=axes)
+        return result
+
+    return run
+
+
+REDUCERS: dict[str, Callable[[np.dtype], Reduce]] = {
+    "ReduceSum": lambda t: lambda x, axes, keep: np.sum(x, axis=axes, keepdims=keep, dtype=t),
+    "ReduceProd": lambda t: lambda x, axes, keep: np.prod(x, axis=axes, keepdims=keep, dtype=t),
+    "ReduceMax": lambda t: lambda x, axes, keep: np.max(x, axis=axes, keepdims=keep, initial=_extreme(t, False)),
+    "ReduceMin": lambda t: lambda x, axes, keep: np.min(x, axis=axes, keepdims=keep, initial=_extreme(t, True)),
+    "ReduceMean": lambda t: lambda x, axes, keep: np.mean(x, axis=axes, keepdims=keep),
+    "ReduceL1": lambda t: lambda x, axes, keep: np.sum(np.absolute(x), axis=axes, keepdims=keep, dtype=t),
+    "ReduceL2": _l2,
+    "ReduceSumSquare": _sum_square,
+    "ReduceLogSum": _log_sum,
+    "ReduceLogSumExp": _log_sum_exp,
+}
+"""op -> (dtype -> `fn(x, axes, keepdims)` computing it with ONNX semantics); callers cast the
+result to `dtype`."""
+
+
+def reducer(op: str, dtype: np.dtype) -> Reduce:
+    """`fn(x, axes, keepdims)` computing `op` with ONNX semantics in (or cast to) `dtype`."""
+    return REDUCERS[op](np.dtype(dtype))
 
 
 def _register_reduce(op: str) -> None:
@@ -63,7 +121,7 @@ def _register_reduce(op: str) -> None:
         return run
 
 
-for _op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd"):
+for _op in REDUCE_OPS:
     _register_reduce(_op)
 
 

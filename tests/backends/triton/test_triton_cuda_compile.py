@@ -41,6 +41,10 @@ def _variants(kit) -> Graph:
     g.add_output(kit.add(g, "Cast", [ids], {"to": 9}), "nonzero")
     cls = kit.add(g, "Gather", [table, g.add_constant(np.array(-1, np.int64), name="last")], {"axis": 0})
     g.add_output(kit.add(g, "Tanh", [cls]), "cls")
+    chain = kit.add(g, "ThresholdedRelu", [x], {"alpha": -0.5})
+    for op in ("Selu", "Celu", "Softsign", "Mish"):
+        chain = kit.add(g, op, [chain])
+    g.add_output(chain, "activations")
     axes = g.add_constant(np.array([1, 3], np.int64), name="axes")
     g.add_output(kit.add(g, "ReduceMax", [x, axes], {"keepdims": 0}), "rmax")
     g.add_output(kit.add(g, "LogSoftmax", [x], {"axis": 1}), "logsm")

@@ -17,7 +17,8 @@ RAGGED = PackedEncoding((1, 0), (8, 4), (1, 0), pad=0.0)
 """Tiles of different sizes in swapped order, outer dims permuted: nothing lines up."""
 
 UNARY = ["Relu", "Neg", "Abs", "Exp", "Sqrt", "Log", "Reciprocal", "Sigmoid", "Tanh", "Erf", "Sin", "Cos",
-         "Floor", "Ceil", "HardSwish", "Softplus", "LeakyRelu", "Elu", "HardSigmoid", "Gelu", "Identity"]
+         "Floor", "Ceil", "HardSwish", "Softplus", "LeakyRelu", "Elu", "HardSigmoid", "Gelu", "Identity",
+         "Selu", "Celu", "ThresholdedRelu", "Softsign", "Mish"]
 POSITIVE = {"Sqrt", "Log"}
 
 

@@ -258,3 +258,38 @@ def test_transposed_convolution_of_a_decoder_block_runs_like_eager_on_both_targe
     for target in ("cpu", "gpu"):
         out = tilefold.compile(tilefold.optimize(graph, target).graph)({graph.inputs[0]: x.numpy()})["output_0"]
         np.testing.assert_allclose(out, want, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int32, np.int64, np.uint8])
+def test_bitwise_ops_and_shifts_on_integers_run_like_eager(dtype):
+    """Including shifts by a negative amount or the width or more, which torch and BitShift
+    both define (0, or the sign fill shifting right)."""
+    class Bits(torch.nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            return (a & b, a | 5, a ^ b, ~a, a << b, a >> b, a >> 2, torch.bitwise_left_shift(a, 3),
+                    (a > 0) & (b > 0), ~(a > b), a.to(torch.int16) | b)
+
+    rng = np.random.default_rng(13)
+    info, bits = np.iinfo(dtype), np.dtype(dtype).itemsize * 8
+    a = torch.from_numpy(rng.integers(info.min, info.max, (3, 16), dtype=dtype, endpoint=True))
+    b = torch.from_numpy(rng.integers(0 if info.min == 0 else -3, bits + 3, (16,)).astype(dtype))
+    graph = tilefold.from_torch(Bits(), (a, b))
+    assert {"BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot", "BitShift", "And", "Not"} <= {
+        n.op for n in graph.nodes()}
+    got = tilefold.compile(graph)(dict(zip(graph.inputs, (a.numpy(), b.numpy()))))
+    for k, want in enumerate(Bits()(a, b)):
+        assert got[f"output_{k}"].dtype == want.numpy().dtype, k
+        np.testing.assert_array_equal(got[f"output_{k}"], want.numpy(), err_msg=f"output {k}")
+
+
+def test_inverse_trigonometric_and_hyperbolic_functions_run_like_eager():
+    class Trig(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = torch.tan(x) + torch.asin(x) + torch.acos(x) + torch.atan(x) * torch.sinh(x)
+            return y + torch.cosh(x) - torch.asinh(x) + torch.atanh(x) + torch.acosh(x + 2)
+
+    x = torch.from_numpy(np.random.default_rng(14).uniform(-0.95, 0.95, (4, 33)).astype(np.float32))
+    graph = tilefold.from_torch(Trig(), (x,))
+    assert {"Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh"} <= {n.op for n in graph.nodes()}
+    got = tilefold.compile(graph)({graph.inputs[0]: x.numpy()})["output_0"]
+    np.testing.assert_allclose(got, Trig()(x).numpy(), rtol=2e-6, atol=1e-6)
