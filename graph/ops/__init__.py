@@ -17,6 +17,7 @@ AveragePool GlobalAveragePool GlobalMaxPool
 ReduceMean ReduceSum ReduceMax ReduceMin ReduceProd ArgMax ArgMin TopK
 Reshape Flatten Transpose Squeeze Unsqueeze Expand Concat Split Slice Gather GatherElements
 GatherND Tile Pad Shape Size ConstantOfShape Range Trilu CumSum
+ScatterElements ScatterND DepthToSpace SpaceToDepth OneHot Einsum EyeLike NonZero
 """.split())
 """The ONNX ops (default domain, opset 21 semantics) that tilefold registers and runs
 natively; any other ONNX op becomes an OnnxReference node."""
@@ -26,6 +27,7 @@ SHAPE_INPUTS: dict[str, frozenset[int]] = {
     "ConstantOfShape": frozenset({0}), "Range": frozenset({0, 1, 2}),
     "Slice": frozenset({1, 2, 3, 4}), "Pad": frozenset({1, 3}), "Split": frozenset({1}),
     "Squeeze": frozenset({1}), "Unsqueeze": frozenset({1}), "TopK": frozenset({1}),
+    "OneHot": frozenset({1}), "NonZero": frozenset({0}),
     **{op: frozenset({1}) for op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd")},
 }
 """Input slots whose values decide result shapes (shape, axes, pads, repeats, ...): infer
