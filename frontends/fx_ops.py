@@ -481,6 +481,89 @@ def _same_but_axis(node: torch.fx.Node) -> bool:
     return len(x) == len(index) and all(a == b for i, (a, b) in enumerate(zip(x, index)) if i != axis)
 
 
+_SCATTER_REDUCE = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min"}
+
+
+def _identity(reduction: str, dtype: np.dtype) -> Any:
+    """The value that leaves `reduction` unchanged, in `dtype`."""
+    if reduction in ("add", "mul"):
+        return int(reduction == "mul")
+    info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype) if dtype.kind in "iu" else None
+    low, high = (-np.inf, np.inf) if dtype.kind == "f" else (info.min, info.max) if info else (False, True)
+    return low if reduction == "max" else high
+
+
+def _scatter_check(node: torch.fx.Node) -> str | None:
+    if not _rank(node):
+        return "a 0-d input"
+    reduce = arg(node, 4, "reduce", None) if node.target == aten.scatter_reduce.two else None
+    if reduce is not None and reduce not in _SCATTER_REDUCE:
+        return f"reduce={reduce!r}"
+    return None
+
+
+@rule(aten.scatter.src, aten.scatter.value, aten.scatter_add.default, aten.scatter_reduce.two, check=_scatter_check)
+def _scatter(emit: Emitter, node: torch.fx.Node) -> Value:
+    """ScatterElements; src is cut to index's extent (torch lets it be larger), a value is
+    broadcast to it. scatter_reduce with include_self=False first writes the reduction's
+    identity at every scattered position, so that only src values meet there."""
+    dtype, rank = out_val(node).dtype, _rank(node)
+    axis = node.args[1] % rank
+    index_shape = [int(d) for d in node.args[2].meta["val"].shape]
+    src = node.args[3]
+    if isinstance(src, torch.fx.Node) and [int(d) for d in src.meta["val"].shape] != index_shape:
+        starts, axes = emit.ints([0] * rank), emit.ints(range(rank))
+        updates = emit.op("Slice", [emit.tensor(src, dtype), starts, emit.ints(index_shape), axes])
+    else:
+        updates = emit.op("Expand", [emit.tensor(src, dtype), emit.ints(index_shape)])
+    reduction = {aten.scatter_add.default: "add",
+                 aten.scatter_reduce.two: _SCATTER_REDUCE.get(arg(node, 4, "reduce", None))}.get(node.target, "none")
+    x, index = emit.tensor(node.args[0], dtype), emit.value(node.args[2])
+    if node.target == aten.scatter_reduce.two and not arg(node, 5, "include_self", True):
+        fill = emit.scalar(_identity(reduction, torch_to_numpy_dtype(dtype)), dtype)
+        x = emit.op("ScatterElements", [x, index, emit.op("Expand", [fill, emit.ints(index_shape)])],
+                    {"axis": axis})
+    return emit.op("ScatterElements", [x, index, updates], {"axis": axis, "reduction": reduction}, node=node)
+
+
+def _index_put_check(node: torch.fx.Node) -> str | None:
+    present = [i for i in node.args[1] if i is not None]
+    if not present or any(i.meta["val"].dtype not in (torch.int64, torch.int32) for i in present):
+        return "boolean index tensors"
+    return None
+
+
+@rule(aten.index_put.default, check=_index_put_check)
+def _index_put(emit: Emitter, node: torch.fx.Node) -> Value:
+    """x[i0, ..., ik] = values (or += with accumulate) as ScatterND over x with its indexed
+    dims moved to the front, values broadcast to what x[i0, ..., ik] would give (the
+    broadcast index dims in place when the indexed dims are adjacent, else first) and moved
+    into ScatterND's updates order; the result is moved back."""
+    val = out_val(node)
+    shape, rank, dtype = [int(d) for d in val.shape], val.dim(), val.dtype
+    indices = list(node.args[1]) + [None] * (rank - len(node.args[1]))
+    indexed = [d for d, i in enumerate(indices) if i is not None]
+    others = [d for d in range(rank) if d not in indexed]
+    batch = [int(d) for d in torch.broadcast_shapes(*(indices[d].meta["val"].shape for d in indexed))]
+    m, first = len(batch), indexed[0]
+    in_place = first > 0 and indexed == list(range(first, first + len(indexed)))
+    result = (shape[:first] + batch + shape[indexed[-1] + 1:]) if in_place else batch + [shape[d] for d in others]
+    updates = emit.op("Expand", [emit.tensor(node.args[2], dtype), emit.ints(result)])
+    if in_place:
+        perm = list(range(first, first + m)) + list(range(first)) + list(range(first + m, len(result)))
+        updates = emit.op("Transpose", [updates], {"perm": tuple(perm)})
+    columns = [emit.op("Unsqueeze", [emit.op("Expand", [emit.tensor(indices[d], torch.int64), emit.ints(batch)]),
+                                     emit.ints([m])]) for d in indexed]
+    stacked = columns[0] if len(columns) == 1 else emit.op("Concat", columns, {"axis": m})
+    order = indexed + others
+    x = emit.tensor(node.args[0], dtype)
+    attrs = {"reduction": "add" if arg(node, 3, "accumulate", False) else "none"}
+    if order == list(range(rank)):
+        return emit.op("ScatterND", [x, stacked, updates], attrs, node=node)
+    moved = emit.op("ScatterND", [emit.op("Transpose", [x], {"perm": tuple(order)}), stacked, updates], attrs)
+    return emit.op("Transpose", [moved], {"perm": tuple(int(p) for p in np.argsort(order))}, node=node)
+
+
 from . import fx_ops_nn  # noqa: E402,F401  (registers the linear algebra, nn and reduction rules)
 
 SUPPORTED_OPS: frozenset[str] = frozenset(str(t) for t in RULES)
