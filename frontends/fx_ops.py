@@ -481,49 +481,73 @@ def _same_but_axis(node: torch.fx.Node) -> bool:
     return len(x) == len(index) and all(a == b for i, (a, b) in enumerate(zip(x, index)) if i != axis)
 
 
-_SCATTER_REDUCE = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min"}
+_SCATTER_REDUCE = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min", "mean": "mean",
+                   "add": "add", "multiply": "mul"}
+"""torch's reduce names (scatter_reduce's, and the older scatter's add and multiply) -> ScatterElements'
+reductions; mean is a sum divided by a count of the values met."""
+_REDUCING_SCATTERS = (aten.scatter_reduce.two, aten.scatter.reduce, aten.scatter.value_reduce)
 
 
 def _identity(reduction: str, dtype: np.dtype) -> Any:
     """The value that leaves `reduction` unchanged, in `dtype`."""
-    if reduction in ("add", "mul"):
+    if reduction in ("add", "mul", "mean"):
         return int(reduction == "mul")
-    info = np.finfo(dtype) if dtype.kind == "f" else np.iinfo(dtype) if dtype.kind in "iu" else None
-    low, high = (-np.inf, np.inf) if dtype.kind == "f" else (info.min, info.max) if info else (False, True)
-    return low if reduction == "max" else high
+    if dtype.kind == "f":
+        return -np.inf if reduction == "max" else np.inf
+    if dtype.kind in "iu":
+        return np.iinfo(dtype).min if reduction == "max" else np.iinfo(dtype).max
+    return reduction == "min"
+
+
+def _scatter_reduction(node: torch.fx.Node) -> str | None:
+    if node.target == aten.scatter_add.default:
+        return "add"
+    return _SCATTER_REDUCE.get(arg(node, 4, "reduce", None)) if node.target in _REDUCING_SCATTERS else "none"
 
 
 def _scatter_check(node: torch.fx.Node) -> str | None:
     if not _rank(node):
         return "a 0-d input"
-    reduce = arg(node, 4, "reduce", None) if node.target == aten.scatter_reduce.two else None
-    if reduce is not None and reduce not in _SCATTER_REDUCE:
-        return f"reduce={reduce!r}"
+    reduction = _scatter_reduction(node)
+    if reduction is None or (reduction == "mean" and not out_val(node).dtype.is_floating_point):
+        return f"reduce={arg(node, 4, 'reduce', None)!r} on {out_val(node).dtype}"
     return None
 
 
-@rule(aten.scatter.src, aten.scatter.value, aten.scatter_add.default, aten.scatter_reduce.two, check=_scatter_check)
+@rule(aten.scatter.src, aten.scatter.value, aten.scatter.reduce, aten.scatter.value_reduce,
+      aten.scatter_add.default, aten.scatter_reduce.two, check=_scatter_check)
 def _scatter(emit: Emitter, node: torch.fx.Node) -> Value:
     """ScatterElements; src is cut to index's extent (torch lets it be larger), a value is
-    broadcast to it. scatter_reduce with include_self=False first writes the reduction's
-    identity at every scattered position, so that only src values meet there."""
+    broadcast to it. With include_self=False the reduction's identity is first written at
+    every scattered position, so that only src values meet there; mean divides the sum by
+    the count of values met, self included or not in the same way."""
     dtype, rank = out_val(node).dtype, _rank(node)
     axis = node.args[1] % rank
     index_shape = [int(d) for d in node.args[2].meta["val"].shape]
     src = node.args[3]
-    if isinstance(src, torch.fx.Node) and [int(d) for d in src.meta["val"].shape] != index_shape:
-        starts, axes = emit.ints([0] * rank), emit.ints(range(rank))
-        updates = emit.op("Slice", [emit.tensor(src, dtype), starts, emit.ints(index_shape), axes])
-    else:
-        updates = emit.op("Expand", [emit.tensor(src, dtype), emit.ints(index_shape)])
-    reduction = {aten.scatter_add.default: "add",
-                 aten.scatter_reduce.two: _SCATTER_REDUCE.get(arg(node, 4, "reduce", None))}.get(node.target, "none")
-    x, index = emit.tensor(node.args[0], dtype), emit.value(node.args[2])
-    if node.target == aten.scatter_reduce.two and not arg(node, 5, "include_self", True):
-        fill = emit.scalar(_identity(reduction, torch_to_numpy_dtype(dtype)), dtype)
-        x = emit.op("ScatterElements", [x, index, emit.op("Expand", [fill, emit.ints(index_shape)])],
-                    {"axis": axis})
-    return emit.op("ScatterElements", [x, index, updates], {"axis": axis, "reduction": reduction}, node=node)
+
+    def spread(value: Any) -> Value:
+        if isinstance(value, torch.fx.Node) and [int(d) for d in value.meta["val"].shape] != index_shape:
+            starts, axes = emit.ints([0] * rank), emit.ints(range(rank))
+            return emit.op("Slice", [emit.tensor(value, dtype), starts, emit.ints(index_shape), axes])
+        return emit.op("Expand", [emit.tensor(value, dtype), emit.ints(index_shape)])
+
+    reduction = _scatter_reduction(node)
+    include_self = node.target != aten.scatter_reduce.two or arg(node, 5, "include_self", True)
+    index = emit.value(node.args[2])
+
+    def scatter(x: Value, updates: Value, how: str, **out: Any) -> Value:
+        if not include_self:
+            identity = spread(_identity(how, torch_to_numpy_dtype(dtype)))
+            x = emit.op("ScatterElements", [x, index, identity], {"axis": axis})
+        return emit.op("ScatterElements", [x, index, updates], {"axis": axis, "reduction": how}, **out)
+
+    x = emit.tensor(node.args[0], dtype)
+    if reduction != "mean":
+        return scatter(x, spread(src), reduction, node=node)
+    ones = emit.op("Expand", [emit.scalar(1, dtype), emit.ints(out_val(node).shape)])
+    counts = scatter(ones, spread(1), "add")
+    return emit.op("Div", [scatter(x, spread(src), "add"), counts], node=node)
 
 
 def _index_put_check(node: torch.fx.Node) -> str | None:
