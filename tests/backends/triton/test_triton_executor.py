@@ -136,3 +136,22 @@ def test_shape_of_a_device_tensor_is_known_at_compile_time_and_moves_no_data(kit
     assert supports(g, g.node("shape")) and supports(g, g.node("exp"))
     cum = kit.add(g, "CumSum", [x, g.add_constant(np.array(0, np.int64), name="axis")], name="cumsum")
     assert not supports(g, g.node(cum.node))
+
+
+def test_a_scatter_falls_back_to_numpy_between_triton_kernels(kit):
+    """Exp -> ScatterElements (no template: the NumPy backend, max over repeated positions) -> Relu."""
+    g = Graph("scatter")
+    rng = np.random.default_rng(9)
+    x = g.add_input("x", TensorType((4, 6), F32))
+    index = rng.integers(-6, 6, (4, 3)).astype(np.int64)
+    updates = rng.standard_normal((4, 3)).astype(F32)
+    e = kit.add(g, "Exp", [x], name="exp")
+    s = kit.add(g, "ScatterElements", [e, g.add_constant(index, name="index"), g.add_constant(updates, name="up")],
+                {"axis": 1, "reduction": "max"}, name="scatter")
+    g.add_output(kit.add(g, "Relu", [s], name="relu"), "y")
+    x_val = rng.standard_normal((4, 6)).astype(F32)
+    exe = TritonExecutable(g, device="interp")
+    want = np.exp(x_val)
+    np.maximum.at(want, (np.arange(4)[:, None], index % 6), updates)
+    np.testing.assert_allclose(exe({"x": x_val})["y"], np.maximum(want, 0), rtol=1e-6)
+    assert exe.fallback_nodes == ["scatter"]
