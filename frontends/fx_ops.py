@@ -513,6 +513,113 @@ def _same_but_axis(node: torch.fx.Node) -> bool:
     return len(x) == len(index) and all(a == b for i, (a, b) in enumerate(zip(x, index)) if i != axis)
 
 
+_SCATTER_REDUCE = {"sum": "add", "prod": "mul", "amax": "max", "amin": "min", "mean": "mean",
+                   "add": "add", "multiply": "mul"}
+"""torch's reduce names (scatter_reduce's, and the older scatter's add and multiply) -> ScatterElements'
+reductions; mean is a sum divided by a count of the values met."""
+_REDUCING_SCATTERS = (aten.scatter_reduce.two, aten.scatter.reduce, aten.scatter.value_reduce)
+
+
+def _identity(reduction: str, dtype: np.dtype) -> Any:
+    """The value that leaves `reduction` unchanged, in `dtype`."""
+    if reduction in ("add", "mul", "mean"):
+        return int(reduction == "mul")
+    if dtype.kind == "f":
+        return -np.inf if reduction == "max" else np.inf
+    if dtype.kind in "iu":
+        return np.iinfo(dtype).min if reduction == "max" else np.iinfo(dtype).max
+    return reduction == "min"
+
+
+def _scatter_reduction(node: torch.fx.Node) -> str | None:
+    if node.target == aten.scatter_add.default:
+        return "add"
+    return _SCATTER_REDUCE.get(arg(node, 4, "reduce", None)) if node.target in _REDUCING_SCATTERS else "none"
+
+
+def _scatter_check(node: torch.fx.Node) -> str | None:
+    if not _rank(node):
+        return "a 0-d input"
+    reduction = _scatter_reduction(node)
+    if reduction is None or (reduction == "mean" and not out_val(node).dtype.is_floating_point):
+        return f"reduce={arg(node, 4, 'reduce', None)!r} on {out_val(node).dtype}"
+    return None
+
+
+@rule(aten.scatter.src, aten.scatter.value, aten.scatter.reduce, aten.scatter.value_reduce,
+      aten.scatter_add.default, aten.scatter_reduce.two, check=_scatter_check)
+def _scatter(emit: Emitter, node: torch.fx.Node) -> Value:
+    """ScatterElements; src is cut to index's extent (torch lets it be larger), a value is
+    broadcast to it. With include_self=False the reduction's identity is first written at
+    every scattered position, so that only src values meet there; mean divides the sum by
+    the count of values met, self included or not in the same way."""
+    dtype, rank = out_val(node).dtype, _rank(node)
+    axis = node.args[1] % rank
+    index_shape = [int(d) for d in node.args[2].meta["val"].shape]
+    src = node.args[3]
+
+    def spread(value: Any) -> Value:
+        if isinstance(value, torch.fx.Node) and [int(d) for d in value.meta["val"].shape] != index_shape:
+            starts, axes = emit.ints([0] * rank), emit.ints(range(rank))
+            return emit.op("Slice", [emit.tensor(value, dtype), starts, emit.ints(index_shape), axes])
+        return emit.op("Expand", [emit.tensor(value, dtype), emit.ints(index_shape)])
+
+    reduction = _scatter_reduction(node)
+    include_self = node.target != aten.scatter_reduce.two or arg(node, 5, "include_self", True)
+    index = emit.value(node.args[2])
+
+    def scatter(x: Value, updates: Value, how: str, **out: Any) -> Value:
+        if not include_self:
+            identity = spread(_identity(how, torch_to_numpy_dtype(dtype)))
+            x = emit.op("ScatterElements", [x, index, identity], {"axis": axis})
+        return emit.op("ScatterElements", [x, index, updates], {"axis": axis, "reduction": how}, **out)
+
+    x = emit.tensor(node.args[0], dtype)
+    if reduction != "mean":
+        return scatter(x, spread(src), reduction, node=node)
+    ones = emit.op("Expand", [emit.scalar(1, dtype), emit.ints(out_val(node).shape)])
+    counts = scatter(ones, spread(1), "add")
+    return emit.op("Div", [scatter(x, spread(src), "add"), counts], node=node)
+
+
+def _index_put_check(node: torch.fx.Node) -> str | None:
+    present = [i for i in node.args[1] if i is not None]
+    if not present or any(i.meta["val"].dtype not in (torch.int64, torch.int32) for i in present):
+        return "boolean index tensors"
+    return None
+
+
+@rule(aten.index_put.default, check=_index_put_check)
+def _index_put(emit: Emitter, node: torch.fx.Node) -> Value:
+    """x[i0, ..., ik] = values (or += with accumulate) as ScatterND over x with its indexed
+    dims moved to the front, values broadcast to what x[i0, ..., ik] would give (the
+    broadcast index dims in place when the indexed dims are adjacent, else first) and moved
+    into ScatterND's updates order; the result is moved back."""
+    val = out_val(node)
+    shape, rank, dtype = [int(d) for d in val.shape], val.dim(), val.dtype
+    indices = list(node.args[1]) + [None] * (rank - len(node.args[1]))
+    indexed = [d for d, i in enumerate(indices) if i is not None]
+    others = [d for d in range(rank) if d not in indexed]
+    batch = [int(d) for d in torch.broadcast_shapes(*(indices[d].meta["val"].shape for d in indexed))]
+    m, first = len(batch), indexed[0]
+    in_place = first > 0 and indexed == list(range(first, first + len(indexed)))
+    result = (shape[:first] + batch + shape[indexed[-1] + 1:]) if in_place else batch + [shape[d] for d in others]
+    updates = emit.op("Expand", [emit.tensor(node.args[2], dtype), emit.ints(result)])
+    if in_place:
+        perm = list(range(first, first + m)) + list(range(first)) + list(range(first + m, len(result)))
+        updates = emit.op("Transpose", [updates], {"perm": tuple(perm)})
+    columns = [emit.op("Unsqueeze", [emit.op("Expand", [emit.tensor(indices[d], torch.int64), emit.ints(batch)]),
+                                     emit.ints([m])]) for d in indexed]
+    stacked = columns[0] if len(columns) == 1 else emit.op("Concat", columns, {"axis": m})
+    order = indexed + others
+    x = emit.tensor(node.args[0], dtype)
+    attrs = {"reduction": "add" if arg(node, 3, "accumulate", False) else "none"}
+    if order == list(range(rank)):
+        return emit.op("ScatterND", [x, stacked, updates], attrs, node=node)
+    moved = emit.op("ScatterND", [emit.op("Transpose", [x], {"perm": tuple(order)}), stacked, updates], attrs)
+    return emit.op("Transpose", [moved], {"perm": tuple(int(p) for p in np.argsort(order))}, node=node)
+
+
 from . import fx_ops_nn  # noqa: E402,F401  (registers the linear algebra, nn and reduction rules)
 
 SUPPORTED_OPS: frozenset[str] = frozenset(str(t) for t in RULES)

@@ -19,6 +19,7 @@ ReduceMean ReduceSum ReduceMax ReduceMin ReduceProd ReduceL1 ReduceL2 ReduceLogS
 ReduceSumSquare ArgMax ArgMin TopK
 Reshape Flatten Transpose Squeeze Unsqueeze Expand Concat Split Slice Gather GatherElements
 GatherND Tile Pad Shape Size ConstantOfShape Range Trilu CumSum Resize
+ScatterElements ScatterND DepthToSpace SpaceToDepth OneHot Einsum EyeLike NonZero
 """.split())
 """The ONNX ops (default domain, opset 21 semantics) that tilefold registers and runs
 natively; any other ONNX op becomes an OnnxReference node."""
@@ -28,7 +29,7 @@ SHAPE_INPUTS: dict[str, frozenset[int]] = {
     "ConstantOfShape": frozenset({0}), "Range": frozenset({0, 1, 2}),
     "Slice": frozenset({1, 2, 3, 4}), "Pad": frozenset({1, 3}), "Split": frozenset({1}),
     "Squeeze": frozenset({1}), "Unsqueeze": frozenset({1}), "TopK": frozenset({1}),
-    "Resize": frozenset({1, 2, 3}),
+    "Resize": frozenset({1, 2, 3}), "OneHot": frozenset({1}), "NonZero": frozenset({0}),
     **{op: frozenset({1}) for op in reduce.REDUCE_OPS},
 }
 """Input slots whose values decide result shapes (shape, axes, pads, repeats, ...): infer

@@ -1,8 +1,9 @@
-"""Index-driven and shape-producing ops: Gather, GatherElements, GatherND, Trilu, Shape,
-Size, ConstantOfShape and Range.
+"""Index-driven and shape-producing ops: Gather, GatherElements, GatherND, ScatterElements,
+ScatterND, OneHot, NonZero, Trilu, EyeLike, Shape, Size, ConstantOfShape and Range.
 
-None of them has an iteration signature (Trilu's mask depends on positions, the gathers
-read data-dependent positions, the others make new tensors), so layout stops at them.
+None of them has an iteration signature (Trilu's and EyeLike's masks depend on positions,
+the gathers and scatters read and write data-dependent positions, the others make new
+tensors), so layout stops at them.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 from ..errors import UnsupportedOpError, VerifyError
 from ..registry import OpDef, register
 from ..types import TensorType, as_array
-from .shapes import const_ints, fresh, length_of, norm_axis
+from .shapes import conflict, const_ints, fmt_shape, fresh, length_of, norm_axis, onnx_dtype
 
 INT64 = np.dtype(np.int64)
 
@@ -80,6 +81,108 @@ def _trilu_infer(attrs, types, consts):
 
 register(OpDef("Trilu", infer=_trilu_infer, min_inputs=1, max_inputs=2, defaults={"upper": 1},
                doc="Upper (or lower) triangle of the last two dims, shifted by the scalar k."))
+
+
+# ---- scatters -------------------------------------------------------------------------------
+SCATTER_REDUCTIONS = ("none", "add", "mul", "max", "min")
+
+
+def _check_scatter(op: str, attrs, data: TensorType, indices: TensorType, updates: TensorType) -> None:
+    _check_indices(op, indices)
+    if attrs["reduction"] not in SCATTER_REDUCTIONS:
+        raise VerifyError(f"{op}: reduction {attrs['reduction']!r} is not one of {', '.join(SCATTER_REDUCTIONS)}")
+    if updates.dtype != data.dtype:
+        raise VerifyError(f"{op}: updates {updates} must have the element type of data {data}")
+
+
+def _scatter_elements_infer(attrs, types, consts):
+    data, indices, updates = types
+    _check_scatter("ScatterElements", attrs, data, indices, updates)
+    if data.rank == 0 or indices.rank != data.rank or updates.rank != data.rank:
+        raise VerifyError(f"ScatterElements: data {data}, indices {indices} and updates {updates} "
+                          "must have one rank >= 1")
+    if any(conflict(i, u) for i, u in zip(indices.shape, updates.shape)):
+        raise VerifyError(f"ScatterElements: indices {indices} and updates {updates} must have one shape")
+    norm_axis(attrs["axis"], data.rank)
+    return [TensorType(data.shape, data.dtype)]
+
+
+register(OpDef("ScatterElements", infer=_scatter_elements_infer, min_inputs=3, max_inputs=3,
+               defaults={"axis": 0, "reduction": "none"},
+               doc="A copy of data with updates written (or reduced) at indices along axis, the "
+                   "inverse of GatherElements; with reduction none a repeated position keeps the "
+                   "last update (as onnxruntime)."))
+
+
+def _scatter_nd_infer(attrs, types, consts):
+    data, indices, updates = types
+    _check_scatter("ScatterND", attrs, data, indices, updates)
+    if indices.rank < 1 or data.rank < 1:
+        raise VerifyError(f"ScatterND: data {data} and indices {indices} must have rank >= 1")
+    k = indices.shape[-1]
+    if not isinstance(k, int):
+        raise UnsupportedOpError(f"ScatterND: the last dim of indices {indices} must be static")
+    if k > data.rank:
+        raise VerifyError(f"ScatterND: indices {indices} address {k} dims of data {data}")
+    want = indices.shape[:-1] + data.shape[k:]
+    if updates.rank != len(want) or any(conflict(u, w) for u, w in zip(updates.shape, want)):
+        raise VerifyError(f"ScatterND: updates {updates} must have shape {fmt_shape(want)} "
+                          f"(indices {indices}, data {data})")
+    return [TensorType(data.shape, data.dtype)]
+
+
+register(OpDef("ScatterND", infer=_scatter_nd_infer, min_inputs=3, max_inputs=3,
+               defaults={"reduction": "none"},
+               doc="A copy of data with the slices addressed by indices[..., :k] replaced by (or "
+                   "reduced with) updates, the inverse of GatherND; a repeated position keeps the "
+                   "last update under reduction none (as onnxruntime)."))
+
+
+def _one_hot_infer(attrs, types, consts):
+    indices, depth, values = types
+    if depth.numel() not in (1, None) or depth.rank > 1:
+        raise VerifyError(f"OneHot: depth {depth} must be a scalar or hold one element")
+    if values.rank != 1 or conflict(values.shape[0], 2):
+        raise VerifyError(f"OneHot: values {values} must be 1-D [off, on]")
+    axis = attrs["axis"]
+    if not -indices.rank - 1 <= axis <= indices.rank:
+        raise VerifyError(f"OneHot: axis {axis} is out of range for indices {indices}")
+    axis %= indices.rank + 1
+    size = const_ints(consts[1])
+    if size is not None and size[0] < 1:
+        raise VerifyError(f"OneHot: depth {size[0]} must be >= 1")
+    dim = fresh("OneHot", 0) if size is None else size[0]
+    return [TensorType(indices.shape[:axis] + (dim,) + indices.shape[axis:], values.dtype)]
+
+
+register(OpDef("OneHot", infer=_one_hot_infer, min_inputs=3, max_inputs=3, defaults={"axis": -1},
+               doc="values[1] where an index (negative ones count from depth) equals the position "
+                   "along the new axis, values[0] elsewhere: an index outside [-depth, depth) "
+                   "gives a row of values[0]."))
+
+
+def _non_zero_infer(attrs, types, consts):
+    count = fresh("NonZero", 0) if consts[0] is None else int(np.count_nonzero(as_array(consts[0])))
+    return [TensorType((max(types[0].rank, 1), count), INT64)]
+
+
+register(OpDef("NonZero", infer=_non_zero_infer,
+               doc="int64 (rank, count) coordinates of the nonzero elements in row-major order "
+                   "(a 0-d input counts as 1-D, as onnxruntime); unless the input is a constant, the "
+                   "count is known only at run time."))
+
+
+def _eye_like_infer(attrs, types, consts):
+    data = types[0]
+    if data.rank != 2:
+        raise VerifyError(f"EyeLike: input {data} must be 2-D")
+    code = attrs.get("dtype")
+    return [TensorType(data.shape, data.dtype if code is None else onnx_dtype(code, "EyeLike"))]
+
+
+register(OpDef("EyeLike", infer=_eye_like_infer, defaults={"k": 0},
+               doc="Ones on diagonal k (above the main one when k > 0) of the input's 2-D shape, in "
+                   "attr dtype (default: the input's); only the input's shape is read."))
 
 
 # ---- shapes as values ----------------------------------------------------------------------

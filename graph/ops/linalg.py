@@ -1,4 +1,5 @@
-"""Anchor ops, the ones a layout target chooses tiles for: MatMul, Gemm and Conv.
+"""Anchor ops, the ones a layout target chooses tiles for: MatMul, Gemm and Conv; and
+ConvTranspose and Einsum, which are not anchors and have no signature (layouts stop there).
 
 Signatures (k, c and the kernel dims are reductions; conv spatial dims are windows):
 - MatMul `...mk,...kn->...mn`, batch dims broadcast numpy-style; a 1-D A has no m
@@ -12,6 +13,7 @@ Signatures (k, c and the kernel dims are reductions; conv spatial dims are windo
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Sequence
 
 from ..errors import UnsupportedOpError, VerifyError
@@ -203,4 +205,63 @@ register(OpDef(
     min_inputs=2, max_inputs=3, defaults={"auto_pad": "NOTSET", "group": 1},
     doc="The gradient of Conv: W is (C, F/group, *kernel). No iteration signature: layouts "
         "stop here (it is not an anchor of the built-in targets).",
+))
+
+
+# ---- Einsum ----------------------------------------------------------------------------------
+def einsum_terms(equation: str, ranks: Sequence[int]) -> tuple[list[str], str]:
+    """The equation's input terms and its output term, spaces removed, the output made
+    explicit (implicit mode: the broadcast dims, then the labels used once, sorted) and each
+    ellipsis checked against its operand's rank. VerifyError names what does not fit."""
+    text = equation.replace(" ", "")
+    lhs, arrow, rhs = text.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(ranks):
+        raise VerifyError(f"Einsum: equation {equation!r} has {len(terms)} inputs, the node {len(ranks)}")
+    for term, rank in zip(terms + [rhs], list(ranks) + [None]):
+        labels = term.replace("...", "", 1)
+        if not all(ch.isascii() and ch.isalpha() for ch in labels):
+            raise VerifyError(f"Einsum: term {term!r} of {equation!r} has a character other than letters "
+                              "and one '...'")
+        if rank is not None and (len(labels) > rank or ("..." not in term and len(labels) != rank)):
+            raise VerifyError(f"Einsum: term {term!r} of {equation!r} does not fit an input of rank {rank}")
+    if not arrow:
+        counts = Counter(ch for term in terms for ch in term.replace("...", ""))
+        ellipsis = "..." if any("..." in term for term in terms) else ""
+        rhs = ellipsis + "".join(sorted(ch for ch, n in counts.items() if n == 1))
+    used = set("".join(terms))
+    out = rhs.replace("...", "")
+    if len(set(out)) != len(out) or not set(out) <= used:
+        raise VerifyError(f"Einsum: output {rhs!r} of {equation!r} repeats a label or has one no input has")
+    return terms, rhs
+
+
+def _einsum_infer(attrs, types, consts):
+    _check_dtypes("Einsum", types)
+    terms, rhs = einsum_terms(attrs["equation"], [t.rank for t in types])
+    sizes: dict[str, list[Dim]] = {}
+    ellipses: list[tuple[Dim, ...]] = []
+    for term, t in zip(terms, types):
+        head, _, tail = term.partition("...")
+        if "..." in term:
+            ellipses.append(t.shape[len(head):t.rank - len(tail)])
+        for ch, d in zip(head + tail, t.shape[:len(head)] + t.shape[t.rank - len(tail):]):
+            sizes.setdefault(ch, []).append(d)
+    try:
+        dims = {ch: broadcast(*[(d,) for d in ds])[0] for ch, ds in sizes.items()}
+        batch = broadcast(*ellipses)
+    except VerifyError:
+        shapes = ", ".join(str(t) for t in types)
+        raise VerifyError(f"Einsum: inputs {shapes} do not fit equation {attrs['equation']!r}") from None
+    if batch and "..." not in rhs:
+        raise VerifyError(f"Einsum: output {rhs!r} of {attrs['equation']!r} drops the ellipsis dims {fmt_shape(batch)}")
+    head, _, tail = rhs.partition("...")
+    shape = tuple(dims[ch] for ch in head) + (batch if "..." in rhs else ()) + tuple(dims[ch] for ch in tail)
+    return [TensorType(shape, types[0].dtype)]
+
+
+register(OpDef(
+    "Einsum", infer=_einsum_infer, min_inputs=1, max_inputs=None,
+    doc="Einstein summation over its inputs (one element type) by the equation attr, NumPy's "
+        "rules: labels and ellipsis dims broadcast, implicit output = labels used once, sorted.",
 ))

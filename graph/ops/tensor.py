@@ -1,4 +1,5 @@
-"""Data-movement ops: the reshape family, Transpose, Expand, Tile, Concat, Split, Slice, Pad.
+"""Data-movement ops: the reshape family, Transpose, Expand, Tile, DepthToSpace, SpaceToDepth,
+Concat, Split, Slice, Pad.
 
 Their shape-tensor inputs (shape, axes, repeats, split, starts/ends/steps, pads) are read
 from constants; an unknown one gives fresh dims (`shapes.fresh`) where the result
@@ -15,7 +16,8 @@ Signatures:
   compare sizes and not carry a tiling through such a dim unless the tiles line up with
   the boundaries. A Slice with a negative (reversing) step, or with steps not known, has
   no signature.
-- Tile has none.
+- Tile, DepthToSpace and SpaceToDepth have none (they interleave a channel block with the
+  spatial dims, which no per-dim tiling follows).
 """
 from __future__ import annotations
 
@@ -242,6 +244,56 @@ def _tile_infer(attrs, types, consts):
 
 register(OpDef("Tile", infer=_tile_infer, layout="opaque", splat="movement",
                min_inputs=2, max_inputs=2))
+
+
+# ---- DepthToSpace, SpaceToDepth ------------------------------------------------------------
+def _block_attrs(op: str, attrs, data: TensorType, modes: tuple[str, ...]) -> int:
+    block = attrs["blocksize"]
+    if data.rank != 4:
+        raise VerifyError(f"{op}: input {data} must be 4-D NCHW")
+    if not isinstance(block, int) or block < 1:
+        raise VerifyError(f"{op}: blocksize {block!r} must be a positive integer")
+    if attrs.get("mode", "DCR") not in modes:
+        raise VerifyError(f"{op}: mode {attrs['mode']!r} is not one of {', '.join(modes)}")
+    return block
+
+
+def _divided(op: str, dim: Dim, by: int, what: str, data: TensorType, index: int) -> Dim:
+    """dim / by for a static dim (which must divide), by == 1, or a fresh dim."""
+    if by == 1:
+        return dim
+    if not isinstance(dim, int):
+        return fresh(op, index)
+    if dim % by:
+        raise VerifyError(f"{op}: {what} of input {data} must be a multiple of {by}")
+    return dim // by
+
+
+def _depth_to_space_infer(attrs, types, consts):
+    data = types[0]
+    b = _block_attrs("DepthToSpace", attrs, data, ("DCR", "CRD"))
+    n, c, h, w = data.shape
+    channels = _divided("DepthToSpace", c, b * b, f"channel dim {c}", data, 0)
+    return [TensorType((n, channels, dim_mul(h, b), dim_mul(w, b)), data.dtype)]
+
+
+register(OpDef("DepthToSpace", infer=_depth_to_space_infer, splat="movement", defaults={"mode": "DCR"},
+               doc="NCHW -> N, C/b^2, H*b, W*b: channel blocks become b x b pixels; DCR takes the "
+                   "block index from the channel's high part, CRD from its low part."))
+
+
+def _space_to_depth_infer(attrs, types, consts):
+    data = types[0]
+    b = _block_attrs("SpaceToDepth", attrs, data, ("DCR", "CRD"))
+    n, c, h, w = data.shape
+    height = _divided("SpaceToDepth", h, b, f"height {h}", data, 1)
+    width = _divided("SpaceToDepth", w, b, f"width {w}", data, 2)
+    return [TensorType((n, dim_mul(c, b * b), height, width), data.dtype)]
+
+
+register(OpDef("SpaceToDepth", infer=_space_to_depth_infer, splat="movement",
+               doc="NCHW -> N, C*b^2, H/b, W/b, the inverse of DepthToSpace in the same mode (CRD, "
+                   "from opset 28, for graphs built in Python: ONNX's converter cannot bring it to 21)."))
 
 
 # ---- Concat, Split -----------------------------------------------------------------------

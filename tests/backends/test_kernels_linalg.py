@@ -174,3 +174,38 @@ def test_float16_linear_algebra_runs_in_float32_and_returns_float16(check, rng, 
           {"transB": 1, "alpha": 0.5}, consts=const, rtol=2e-3, atol=2e-3)
     check("Conv", [normal(rng, 1, 3, 7, 6).astype(h), normal(rng, 4, 3, 3, 3).astype(h), normal(rng, 4).astype(h)],
           {"pads": [1, 1, 1, 1]}, consts=const, rtol=5e-3, atol=5e-3)
+
+
+@pytest.mark.parametrize("equation, shapes", [
+    ("bij,bjk->bik", [(3, 4, 5), (3, 5, 2)]),
+    ("bhqd, bhkd -> bhqk", [(2, 3, 5, 8), (2, 3, 7, 8)]),  # attention scores, spaces included
+    ("...ij,...jk->...ik", [(2, 4, 3, 5), (2, 4, 5, 6)]),
+    ("...ii->...i", [(3, 4, 4)]),
+    ("ij->ji", [(3, 5)]),
+    ("ij", [(3, 5)]),
+    ("ji", [(3, 5)]),  # implicit output: the labels sorted, so a transpose
+    ("i,i", [(7,), (7,)]),
+    ("ij,jk,kl->il", [(3, 4), (4, 5), (5, 2)]),
+    ("b i d, j d", [(2, 3, 4), (5, 4)]),
+    ("ii", [(4, 4)]),
+])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_einsum(check, rng, equation, shapes, dtype):
+    check("Einsum", [rng.standard_normal(s).astype(dtype) for s in shapes], {"equation": equation},
+          rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_einsum_on_integers_keeps_their_type(check, rng, dtype):
+    a, b = rng.integers(-5, 5, (2, 3, 4)).astype(dtype), rng.integers(-5, 5, (2, 4, 6)).astype(dtype)
+    check("Einsum", [a, b], {"equation": "bij,bjk->bik"}, rtol=0, atol=0)
+    check("Einsum", [a], {"equation": "bij->j"}, rtol=0, atol=0)
+
+
+def test_einsum_returns_a_fresh_array_for_a_transpose_or_a_diagonal(run, rng):
+    """np.einsum gives views for these; `run` is in debug mode, which fails on an undeclared view."""
+    x = rng.standard_normal((4, 4)).astype(F32)
+    (t,) = run("Einsum", [x], {"equation": "ij->ji"})
+    (d,) = run("Einsum", [x], {"equation": "ii->i"})
+    np.testing.assert_array_equal(t, x.T)
+    np.testing.assert_array_equal(d, np.diag(x))

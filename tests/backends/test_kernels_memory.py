@@ -55,7 +55,8 @@ def test_inplace_and_views_kernels_are_the_expected_ones():
         Floor Ceil Round Sin Cos Sign Not IsNaN IsInf Add Sub Mul Div Pow Mod Max Min Sum Mean Equal Less
         LessOrEqual Greater GreaterOrEqual And Or Xor PRelu Where Clip""".split())
     assert set(VIEWS) == {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Expand", "Slice", "Split",
-                          "Cast", "CastLike", "Identity", "Dropout", "Pack", "Unpack", "Transfer"}
+                          "Cast", "CastLike", "Identity", "Dropout", "Pack", "Unpack", "Transfer",
+                          "DepthToSpace", "SpaceToDepth"}
 
 
 @pytest.mark.parametrize("op", INPLACE)
@@ -158,6 +159,9 @@ def test_cast_to_another_dtype_copies():
     ("Max", [np.arange(4.0)], {}),
     ("Gather", [np.arange(4.0), np.array([0, 1, 2, 3])], {}),
     ("Trilu", [np.ones((3, 3))], {}),
+    ("Einsum", [np.arange(4.0)], {"equation": "i->i"}),
+    ("ScatterElements", [np.arange(4.0), np.array([0], np.int64), np.array([0.0])], {}),
+    ("ScatterND", [np.arange(4.0), np.array([[1]], np.int64), np.array([1.0])], {}),
 ])
 def test_other_kernels_copy_even_when_numpy_could_alias(op, inputs, attrs):
     result = build(op, inputs, attrs)(*inputs)

@@ -172,3 +172,84 @@ def test_constant_of_shape(check, value):
 ])
 def test_range(check, start, limit, delta, dtype):
     check("Range", [np.array(start, dtype), np.array(limit, dtype), np.array(delta, dtype)], rtol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["DCR", "CRD"])
+@pytest.mark.parametrize("shape, block", [((2, 12, 3, 5), 2), ((1, 18, 2, 1), 3), ((2, 3, 4, 2), 1)])
+def test_depth_to_space(check, rng, mode, shape, block):
+    check("DepthToSpace", [normal(rng, *shape)], {"blocksize": block, "mode": mode})
+
+
+@pytest.mark.parametrize("shape, block", [((2, 3, 6, 4), 2), ((1, 2, 3, 9), 3), ((2, 3, 4, 2), 1)])
+def test_space_to_depth_inverts_depth_to_space_in_dcr_mode(check, run, rng, shape, block):
+    x = normal(rng, *shape)
+    (y,) = check("SpaceToDepth", [x], {"blocksize": block})
+    np.testing.assert_array_equal(run("DepthToSpace", [y], {"blocksize": block})[0], x)
+
+
+@pytest.mark.parametrize("shape", [(2, 8, 3, 5), (1, 4, 2, 2)])
+def test_space_to_depth_in_crd_mode_inverts_depth_to_space_in_crd_mode(run, rng, shape):
+    """CRD SpaceToDepth is opset 28 (onnxruntime lacks it): built in Python, checked as an inverse."""
+    from tilefold.backends.numpy import NumpyExecutable
+    from tilefold.graph import Graph
+    from tilefold.graph.types import TensorType, Value
+
+    x = normal(rng, *shape)
+    (y,) = run("DepthToSpace", [x], {"blocksize": 2, "mode": "CRD"})
+    g = Graph("s2d")
+    inp = g.add_input("y", TensorType(y.shape, np.float32))
+    out = g.add_node("SpaceToDepth", [inp], [TensorType(x.shape, np.float32)], {"blocksize": 2, "mode": "CRD"})
+    g.add_output(Value(out.name), "x")
+    np.testing.assert_array_equal(NumpyExecutable(g, debug=True)({"y": y})["x"], x)
+
+
+@pytest.mark.parametrize("axis", [-1, 0, 1, -3])
+@pytest.mark.parametrize("const", [False, True])
+def test_one_hot_with_negative_and_out_of_range_indices(check, rng, axis, const):
+    depth = 6
+    indices = rng.integers(-depth - 2, depth + 2, (3, 4)).astype(I64)  # some outside [-depth, depth)
+    values = rng.standard_normal(2).astype(np.float32)
+    check("OneHot", [indices, np.array(depth, I64), values], {"axis": axis}, consts={1} if const else ())
+
+
+@pytest.mark.parametrize("index_type, depth_type, value_type", [
+    (np.int32, np.float32, np.float32), (np.float32, I64, I64), (I64, np.int32, np.float32),
+])
+def test_one_hot_types(check, rng, index_type, depth_type, value_type):
+    indices = rng.integers(-5, 5, (2, 3, 2)).astype(index_type)
+    values = rng.integers(-9, 9, 2).astype(value_type)
+    check("OneHot", [indices, np.array([5], depth_type), values], {"axis": 2}, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("shape, k, dtype", [((4, 4), 0, None), ((3, 5), 2, 11), ((5, 3), -1, 7), ((3, 5), 9, 6)])
+def test_eye_like(check, rng, shape, k, dtype):
+    attrs = {"k": k} if dtype is None else {"k": k, "dtype": dtype}
+    check("EyeLike", [rng.integers(-3, 3, shape).astype(np.int32)], attrs, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("shape, dtype", [((3, 4, 5), np.float32), ((7,), I64), ((2, 6), np.bool_), ((), np.float32)])
+def test_non_zero_coordinates_in_row_major_order(check, rng, shape, dtype):
+    x = (rng.integers(0, 3, shape) * rng.standard_normal(shape)).astype(dtype)
+    check("NonZero", [x], rtol=0, atol=0)
+    check("NonZero", [np.zeros(shape, dtype)], rtol=0, atol=0)
+
+
+def test_non_zero_sizes_its_consumers_at_run_time(rng):
+    """NonZero -> Transpose -> GatherND -> Relu: dims known only at run time flow through."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from tilefold import compile as compile_graph, load, optimize
+
+    nodes = [helper.make_node("Greater", ["x", "zero"], ["mask"]), helper.make_node("NonZero", ["mask"], ["nz"]),
+             helper.make_node("Transpose", ["nz"], ["coords"], perm=[1, 0]),
+             helper.make_node("GatherND", ["x", "coords"], ["picked"]), helper.make_node("Relu", ["picked"], ["y"])]
+    graph = helper.make_graph(nodes, "nz", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["m"])],
+                              initializer=[helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    onnx.checker.check_model(model)
+    exe = compile_graph(optimize(load(model.SerializeToString()), "cpu", verify=True).graph, debug=True)
+    for rows in (3, 8):
+        x = normal(rng, rows, 5)
+        np.testing.assert_array_equal(exe({"x": x})["y"], x[x > 0])

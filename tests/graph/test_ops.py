@@ -38,7 +38,7 @@ def sig(op, types, consts=None, **attrs) -> Signature | None:
 
 # ---- declarations ----------------------------------------------------------------------
 def test_every_claimed_onnx_op_is_registered():
-    assert len(ONNX_OPS) == 118
+    assert len(ONNX_OPS) == 126
     assert all(registry.is_registered(op) for op in ONNX_OPS)
 
 
@@ -107,6 +107,37 @@ def test_data_dependent_shapes_use_constants_or_fresh_dims():
     assert infer("Concat", [T("n", 3), T("m", 3)], axis=0)[0].shape == ("n+m", 3)
     assert infer("Flatten", [T("n", "c", 4)], axis=1)[0].shape == ("n", "c*4")
     assert infer("Pad", [T("h", 3), T(4, dtype=I64)], [None, np.array([1, 0, 1, -1])])[0].shape == ("h+2", 2)
+
+
+def test_data_movement_ops_keep_symbols_and_go_fresh_where_a_value_decides():
+    assert infer("DepthToSpace", [T("n", 8, "h", 3)], blocksize=2, mode="CRD")[0].shape == ("n", 2, "h*2", 6)
+    assert infer("SpaceToDepth", [T("n", 3, 4, 6)], blocksize=2)[0].shape == ("n", 12, 2, 3)
+    height = infer("SpaceToDepth", [T(1, 3, "h", 6)], blocksize=2)[0].shape[2]
+    assert is_fresh(height)
+    hot = [T("n", 3, dtype=I64), T(dtype=I64), T(2, dtype=np.int32)]
+    assert infer("OneHot", hot, [None, np.array(5), None], axis=1)[0] == T("n", 5, 3, dtype=np.int32)
+    assert is_fresh(infer("OneHot", hot)[0].shape[2])
+    (coords,) = infer("NonZero", [T("n", 4)])
+    assert coords.shape[0] == 2 and is_fresh(coords.shape[1]) and coords.dtype == I64
+    assert infer("NonZero", [T(5)], [np.array([0, 3, 0, 1, 2])])[0].shape == (1, 3)
+    assert infer("EyeLike", [T("n", 4)], dtype=7)[0] == T("n", 4, dtype=I64)
+    scatter = [T("n", 6), T("n", 2, dtype=I64), T("n", 2)]
+    assert infer("ScatterElements", scatter, axis=1, reduction="max")[0] == T("n", 6)
+    assert infer("ScatterND", [T(4, 5, 6), T("k", 2, dtype=I64), T("k", 6)])[0] == T(4, 5, 6)
+
+
+@pytest.mark.parametrize("equation, shapes, result", [
+    ("bij,bjk->bik", [(2, 3, 4), ("b", 4, 5)], (2, 3, 5)),
+    ("...ij,...jk", [("n", 1, 3, 4), (7, 4, 5)], ("n", 7, 3, 5)),  # implicit: ellipsis, then i, k
+    ("...ii->...i", [(2, 3, 3)], (2, 3)),
+    ("ji", [(2, 3)], (3, 2)),  # implicit output sorts the labels: a transpose
+    ("i,i", [(4,), (1,)], ()),
+    ("->", [()], ()),
+    ("bhqd, bhkd -> bhqk", [(1, 2, 5, 8), (1, 2, 7, 8)], (1, 2, 5, 7)),
+])
+def test_einsum_result_shape_follows_the_equation(equation, shapes, result):
+    assert infer("Einsum", [T(*shape, dtype=np.int32) for shape in shapes], equation=equation)[0] == \
+        T(*result, dtype=np.int32)
 
 
 def test_fresh_dims_are_renamed_per_node_and_then_equal_themselves():
@@ -214,6 +245,18 @@ def test_movement_signatures():
     ("BitwiseAnd", [T(2, 3, dtype=I64), T(3)], {}, None, "float32[3]"),
     ("BitwiseNot", [T(4)], {}, None, "float32[4]"),
     ("BitShift", [T(2, dtype=np.dtype(np.uint8)), T(2, dtype=np.dtype(np.uint8))], {"direction": "UP"}, None, "'UP'"),
+    ("ScatterElements", [T(3, 4), T(2, 2, dtype=I64), T(2, 3)], {}, None, "float32[2x3]"),
+    ("ScatterElements", [T(3, 4), T(2, 2, dtype=I64), T(2, 2)], {"reduction": "mean"}, None, "'mean'"),
+    ("ScatterND", [T(3, 4), T(2, 1, dtype=I64), T(2, 3)], {}, None, "[2x4]"),
+    ("ScatterND", [T(3, 4), T(2, 3, dtype=I64), T(2)], {}, None, "int64[2x3]"),
+    ("DepthToSpace", [T(1, 6, 2, 2)], {"blocksize": 2}, None, "channel dim 6"),
+    ("SpaceToDepth", [T(1, 3, 5, 4)], {"blocksize": 2}, None, "height 5"),
+    ("OneHot", [T(3, dtype=I64), T(dtype=I64), T(2)], {}, [None, np.array(0), None], "depth 0"),
+    ("OneHot", [T(3, dtype=I64), T(dtype=I64), T(3)], {}, None, "float32[3]"),
+    ("Einsum", [T(2, 3), T(4, 5)], {"equation": "ij,jk->ik"}, None, "float32[4x5]"),
+    ("Einsum", [T(2, 3)], {"equation": "ijk->i"}, None, "'ijk'"),
+    ("Einsum", [T(2, 3, 4)], {"equation": "...ij->ij"}, None, "ellipsis"),
+    ("EyeLike", [T(2, 3, 4)], {}, None, "float32[2x3x4]"),
 ])
 def test_inconsistent_inputs_raise_one_line_naming_the_shapes(op, types, attrs, consts, needle):
     with pytest.raises(VerifyError) as info:

@@ -1,5 +1,5 @@
-"""BLAS-backed kernels: MatMul, Gemm and N-d Conv (im2col + one batched GEMM over groups;
-Winograd F(2x2, 3x3) for large enough 3x3 stride-1 convolutions).
+"""BLAS-backed kernels: MatMul, Gemm, N-d Conv (im2col + one batched GEMM over groups;
+Winograd F(2x2, 3x3) for large enough 3x3 stride-1 convolutions) and Einsum.
 
 Constant weights are rearranged once, in the factory: Gemm's B transposed (and scaled by
 alpha) into a contiguous (K, N) matrix, Conv's W into GEMM form (groups, F/g, C/g * prod(k))
@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ....graph.ops.linalg import einsum_terms
 from ....graph.ops.shapes import transposed_window, window_attrs
 from ..registry import KernelSpec, Run, kernel
 from .common import check_dtypes, dense, prod, unsupported, window_geometry, windows
@@ -232,5 +233,20 @@ def _conv_transpose(spec: KernelSpec) -> Run:
         if b is not None:
             y += b.reshape(-1, *(1,) * len(space))
         return y
+
+    return run
+
+
+@kernel("Einsum")
+def _einsum(spec: KernelSpec) -> Run:
+    """np.einsum with an optimized contraction order (pairs go through BLAS tensordot); a
+    result that is a view of an input (a transpose, a diagonal) is copied."""
+    check_dtypes(spec)
+    terms, rhs = einsum_terms(spec.attrs["equation"], [t.rank for t in spec.in_types])
+    equation, dtype = ",".join(terms) + "->" + rhs, spec.out_types[0].dtype
+
+    def run(*xs: np.ndarray) -> np.ndarray:
+        out = np.asarray(np.einsum(equation, *xs, optimize=len(xs) > 1)).astype(dtype, copy=False)
+        return out.copy() if any(np.may_share_memory(out, x) for x in xs) else out
 
     return run

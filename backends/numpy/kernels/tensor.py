@@ -163,6 +163,37 @@ def _split(spec: KernelSpec) -> Run:
     return run
 
 
+_BLOCK_ORDERS = {
+    # (reshape of the input into blocks, transpose that interleaves them) per op and mode
+    ("DepthToSpace", "DCR"): (lambda n, c, h, w, b: (n, b, b, c // (b * b), h, w), (0, 3, 4, 1, 5, 2)),
+    ("DepthToSpace", "CRD"): (lambda n, c, h, w, b: (n, c // (b * b), b, b, h, w), (0, 1, 4, 2, 5, 3)),
+    ("SpaceToDepth", "DCR"): (lambda n, c, h, w, b: (n, c, h // b, b, w // b, b), (0, 3, 5, 1, 2, 4)),
+    ("SpaceToDepth", "CRD"): (lambda n, c, h, w, b: (n, c, h // b, b, w // b, b), (0, 1, 3, 5, 2, 4)),
+}
+
+
+def _block_kernel(op: str):
+    def build(spec: KernelSpec) -> Run:
+        """A reshape, a transpose and a reshape: a view when blocksize 1 leaves the order as is."""
+        check_dtypes(spec)
+        block = int(spec.attrs["blocksize"])
+        blocks, perm = _BLOCK_ORDERS[op, spec.attrs.get("mode", "DCR")]
+
+        def run(x: np.ndarray) -> np.ndarray:
+            n, c, h, w = x.shape
+            out = {"DepthToSpace": (n, c // (block * block), h * block, w * block),
+                   "SpaceToDepth": (n, c * block * block, h // block, w // block)}[op]
+            return x.reshape(blocks(n, c, h, w, block)).transpose(perm).reshape(out)
+
+        return run
+
+    kernel(op, views=True)(build)
+
+
+_block_kernel("DepthToSpace")
+_block_kernel("SpaceToDepth")
+
+
 # ---- copies ------------------------------------------------------------------------------
 @kernel("Concat")
 def _concat(spec: KernelSpec) -> Run:
@@ -258,6 +289,27 @@ def _trilu(spec: KernelSpec) -> Run:
     return run
 
 
+@kernel("OneHot")
+def _one_hot(spec: KernelSpec) -> Run:
+    """A comparison of the indices (wrapped from the end when negative) with every position
+    along the new axis; out-of-range indices match none."""
+    check_dtypes(spec)
+    axis_attr = int(spec.attrs.get("axis", -1))
+    fixed = const_ints(spec, 1)
+    dtype = spec.out_types[0].dtype
+
+    def run(indices: np.ndarray, depth: np.ndarray, values: np.ndarray) -> np.ndarray:
+        size = fixed[0] if fixed is not None else int(np.asarray(depth).reshape(-1)[0])
+        axis = axis_attr % (indices.ndim + 1)
+        index = indices.astype(np.int64)
+        index = np.expand_dims(np.where(index < 0, index + size, index), axis)
+        positions = np.arange(size).reshape([-1 if d == axis else 1 for d in range(indices.ndim + 1)])
+        off, on = np.asarray(values).reshape(-1)[:2]
+        return np.where(index == positions, on, off).astype(dtype, copy=False)
+
+    return run
+
+
 # ---- shapes and generators -----------------------------------------------------------------
 @kernel("Shape")
 def _shape(spec: KernelSpec) -> Run:
@@ -289,3 +341,16 @@ def _range(spec: KernelSpec) -> Run:
         return np.arange(start.item(), limit.item(), delta.item()).astype(dtype, copy=False)
 
     return run
+
+
+@kernel("EyeLike")
+def _eye_like(spec: KernelSpec) -> Run:
+    check_dtypes(spec)
+    dtype, k = spec.out_types[0].dtype, int(spec.attrs.get("k", 0))
+    return lambda x: np.eye(x.shape[0], x.shape[1], k, dtype=dtype)
+
+
+@kernel("NonZero")
+def _non_zero(spec: KernelSpec) -> Run:
+    check_dtypes(spec)
+    return lambda x: np.array(np.nonzero(np.atleast_1d(x)), dtype=np.int64).reshape(max(x.ndim, 1), -1)

@@ -189,3 +189,22 @@ def test_ops_without_a_template_run_on_the_host_as_tilefold_run_does_them(kit):
     assert {"atan", "lse"} <= set(exe.fallback_nodes) and not {"mm1", "mm2"} & set(exe.fallback_nodes)
     want = kit.ort_outputs(model, {"x": x})["y"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_scatter_falls_back_to_numpy_between_triton_kernels(kit):
+    """Exp -> ScatterElements (no template: the NumPy backend, max over repeated positions) -> Relu."""
+    g = Graph("scatter")
+    rng = np.random.default_rng(9)
+    x = g.add_input("x", TensorType((4, 6), F32))
+    index = rng.integers(-6, 6, (4, 3)).astype(np.int64)
+    updates = rng.standard_normal((4, 3)).astype(F32)
+    e = kit.add(g, "Exp", [x], name="exp")
+    s = kit.add(g, "ScatterElements", [e, g.add_constant(index, name="index"), g.add_constant(updates, name="up")],
+                {"axis": 1, "reduction": "max"}, name="scatter")
+    g.add_output(kit.add(g, "Relu", [s], name="relu"), "y")
+    x_val = rng.standard_normal((4, 6)).astype(F32)
+    exe = TritonExecutable(g, device="interp")
+    want = np.exp(x_val)
+    np.maximum.at(want, (np.arange(4)[:, None], index % 6), updates)
+    np.testing.assert_allclose(exe({"x": x_val})["y"], np.maximum(want, 0), rtol=1e-6)
+    assert exe.fallback_nodes == ["scatter"]

@@ -23,19 +23,21 @@ SAMPLES = 2
 CLAIMED = (
     "abs acos acosh add addmm amax amin any all argmax argmin as_strided asin asinh atan atanh bmm cat ceil "
     "clamp clone constant_pad_nd cos cosh cumsum div eq erf exp expand expm1 flip floor fmod gather ge gt "
-    "index_select le "
+    "index_add index_copy index_fill index_put index_select le "
     "log log1p logical_and logical_not logical_or linalg.vector_norm logical_xor lt maximum mean minimum "
     "mm mul ne neg nn.functional.conv2d nn.functional.conv_transpose2d nn.functional.embedding nn.functional.gelu "
     "nn.functional.group_norm nn.functional.hardtanh nn.functional.layer_norm "
     "nn.functional.leaky_relu nn.functional.linear nn.functional.relu permute pow reciprocal remainder "
-    "repeat reshape round rsqrt sigmoid sign sin sinh slice slice_scatter softmax log_softmax split sqrt squeeze sub "
+    "repeat reshape round rsqrt scatter scatter_add scatter_reduce sigmoid sign sin sinh slice slice_scatter "
+    "softmax log_softmax split sqrt squeeze sub "
     "sum tan tanh topk tril triu unsqueeze var var_mean view where"
 ).split()
 TOLERANCES = {"nn.functional.conv2d": (1e-4, 1e-4), "nn.functional.conv_transpose2d": (1e-4, 1e-4)}
 """(atol, rtol) beyond the default (1e-5, 1.3e-6): a convolution sums its products in another
 order as a GEMM than oneDNN's direct kernel."""
-VARIANTS = {"div"}
-"""Claimed ops whose OpInfo entries are all variants (div: no, trunc and floor rounding)."""
+VARIANTS = {"div", "scatter_reduce"}
+"""Claimed ops whose OpInfo entries are all variants (div: no, trunc and floor rounding;
+scatter_reduce: sum, prod, mean, amax, amin)."""
 OPS = [op for op in op_db if op.name in CLAIMED and (op.variant_test_name == "" or op.name in VARIANTS)]
 IDS = [".".join(filter(None, (op.name, op.variant_test_name))) for op in OPS]
 
