@@ -31,12 +31,17 @@ def inputs_for(op: str, rng) -> tuple[list[np.ndarray], dict]:
     x = rng.standard_normal((3, 4)).astype(np.float32)
     y = rng.standard_normal((3, 4)).astype(np.float32) + 3
     b = rng.random((3, 4)) > 0.5
+    i, j = rng.integers(-100, 100, (2, 3, 4)).astype(np.int32)
     special = {
         "Not": ([b], {}), "And": ([b, ~b], {}), "Or": ([b, ~b], {}), "Xor": ([b, b.copy()], {}),
         "Where": ([b, x, y], {}), "Clip": ([x, np.array(-0.5, np.float32), np.array(0.5, np.float32)], {}),
         "Sqrt": ([np.abs(x)], {}), "Log": ([np.abs(x) + 0.1], {}), "Mod": ([x, y], {"fmod": 1}),
         "Pow": ([np.abs(x), y], {}), "Max": ([x, y, x * 2], {}), "Min": ([x, y, x * 2], {}),
         "Sum": ([x, y, x * 2], {}), "Mean": ([x, y, x * 2], {}), "IsInf": ([x], {}), "IsNaN": ([x], {}),
+        "Asin": ([np.tanh(x)], {}), "Acos": ([np.tanh(x)], {}), "Atanh": ([np.tanh(x) * 0.9], {}),
+        "Acosh": ([np.abs(x) + 1], {}), "BitwiseNot": ([i], {}), "BitwiseAnd": ([i, j], {}),
+        "BitwiseOr": ([i, j], {}), "BitwiseXor": ([i, j], {}),
+        "BitShift": ([i.astype(np.uint32), (j % 8).astype(np.uint32)], {"direction": "LEFT"}),
     }
     if op in special:
         return special[op]
@@ -53,7 +58,9 @@ def test_inplace_and_views_kernels_are_the_expected_ones():
     assert set(INPLACE) == set("""
         Relu LeakyRelu Sigmoid HardSigmoid HardSwish Tanh Erf Gelu Softplus Elu Sqrt Exp Log Neg Abs Reciprocal
         Floor Ceil Round Sin Cos Sign Not IsNaN IsInf Add Sub Mul Div Pow Mod Max Min Sum Mean Equal Less
-        LessOrEqual Greater GreaterOrEqual And Or Xor PRelu Where Clip""".split())
+        LessOrEqual Greater GreaterOrEqual And Or Xor PRelu Where Clip
+        Tan Asin Acos Atan Sinh Cosh Asinh Acosh Atanh Softsign Mish Selu Celu ThresholdedRelu Shrink
+        BitwiseAnd BitwiseOr BitwiseXor BitwiseNot BitShift""".split())
     assert set(VIEWS) == {"Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze", "Expand", "Slice", "Split",
                           "Cast", "CastLike", "Identity", "Dropout", "Pack", "Unpack", "Transfer",
                           "DepthToSpace", "SpaceToDepth"}

@@ -10,6 +10,11 @@ One filter covers linear and cubic with and without antialias (ONNX's reference 
 form): with s = min(scale, 1) under antialias (else 1) and a filter of radius R (1 linear,
 2 cubic), the taps are floor(x) + start + k for k < 2 - 2 start, start = floor(-R / s) + 1,
 each weighted by filter((tap - x) * s); antialiased weights are normalized to sum 1.
+
+This follows ONNX's reference and conformance data where onnxruntime departs from them: it
+copies an axis whose extent a scale other than 1 leaves unchanged (10 * 1.05 -> 10), it
+computes source coordinates in float32 (so a tie such as 11.5 / 2.3 - 0.5 rounds otherwise),
+and under align_corners it divides by the rounded output size, not scale * n.
 """
 from __future__ import annotations
 
