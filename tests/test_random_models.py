@@ -149,7 +149,8 @@ def _channel_affine(b: Builder, x: str, draw) -> str:
 
 
 def _unary(b: Builder, x: str, draw) -> str:
-    op = draw(st.sampled_from(["Relu", "Sigmoid", "Tanh", "Erf", "Neg", "Abs", "Gelu", "LeakyRelu", "Clip", "Exp"]))
+    op = draw(st.sampled_from(["Relu", "Sigmoid", "Tanh", "Erf", "Neg", "Abs", "Gelu", "LeakyRelu", "Clip", "Exp",
+                               "Mish", "Softsign", "Selu", "Atan"]))
     if op == "Clip":
         return b.node(op, [x, b.const(np.float32(0)), b.const(np.float32(1.5))], b.shapes[x])
     if op == "Exp":  # of a bounded value
@@ -219,7 +220,8 @@ def _matmul(b: Builder, x: str, draw) -> str:
 
 def _row_op(b: Builder, x: str, draw) -> str:
     shape = b.shapes[x]
-    op = draw(st.sampled_from(["Softmax", "LayerNormalization", "ReduceMean", "ReduceSum", "ReduceMax"]))
+    op = draw(st.sampled_from(["Softmax", "LayerNormalization", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceL2",
+                               "ReduceLogSumExp", "ReduceSumSquare"]))
     axis = draw(st.sampled_from([-1, 1])) if op != "LayerNormalization" else -1
     if op == "LayerNormalization":
         return b.node(op, [x, b.weight((shape[-1],), 1), b.weight((shape[-1],), 1)], shape, axis=-1)
@@ -288,8 +290,22 @@ def _pad(b: Builder, x: str, draw) -> str:
     return b.node("Pad", [x, b.const_int(pads)], tuple(shape), mode=mode)
 
 
+def _resize(b: Builder, x: str, draw) -> str:
+    """Nearest or linear resampling of the last two dims by 2 or 1/2 (scales whose source
+    coordinates are exact, where onnxruntime's float32 arithmetic agrees with ONNX's)."""
+    shape = b.shapes[x]
+    choices = [2.0] * (max(shape[2:]) <= 8) + [0.5] * (min(shape[2:]) >= 4)
+    if not choices:  # keeps the models small for the Triton interpreter
+        return _unary(b, x, draw)
+    scale = draw(st.sampled_from(choices))
+    mode = draw(st.sampled_from(["nearest", "linear"]))
+    out = (*shape[:2], *(int(n * scale) for n in shape[2:]))
+    attrs = {"coordinate_transformation_mode": "asymmetric", "nearest_mode": "floor"} if mode == "nearest" else {}
+    return b.node("Resize", [x, "", b.const(np.array([1, 1, scale, scale], np.float32))], out, mode=mode, **attrs)
+
+
 IMAGE_OPS = [_conv, _conv, _pool, _channel_affine, _unary, _binary, _concat_split, _transpose, _reshape,
-             _row_op, _slice, _pad, _unsqueeze, _select]
+             _row_op, _slice, _pad, _unsqueeze, _select, _resize]
 SEQUENCE_OPS = [_matmul, _matmul, _unary, _binary, _channel_affine, _transpose, _reshape, _row_op, _slice,
                 _unsqueeze, _select]
 
