@@ -316,16 +316,6 @@ def _resample_args(node: torch.fx.Node) -> dict[str, Any]:
             for i, a in enumerate(node.target._schema.arguments)}
 
 
-def _resample_scales(args: dict[str, Any]) -> list[float] | None:
-    """The scale factors torch maps coordinates with, or None when it uses in / out."""
-    if args.get("align_corners"):
-        return None
-    if "scale_factors" in args:
-        return None if args["scale_factors"] is None else [float(s) for s in args["scale_factors"]]
-    named = [args[k] for k in ("scales", "scales_d", "scales_h", "scales_w") if k in args]
-    return None if any(s is None for s in named) else [float(s) for s in named]
-
-
 def _resample_check(node: torch.fx.Node) -> str | None:
     aa = node.target.overloadpacket in (aten._upsample_bilinear2d_aa, aten._upsample_bicubic2d_aa)
     return "antialiased resampling with align_corners" if aa and _resample_args(node).get("align_corners") else None
@@ -381,7 +371,9 @@ def _resample(emit: Emitter, node: torch.fx.Node) -> Value:
     if args.get("align_corners"):
         attrs["coordinate_transformation_mode"] = "align_corners"
     x = emit.value(node.args[0])
-    scales = _resample_scales(args)
+    scales = None if args.get("align_corners") else _axis_scales(args, len(out_val(node).shape) - 2)
+    if scales is not None and None in scales:  # torch then maps with in / out: Resize's sizes
+        scales = None
     if scales is not None and packet is not aten.upsample_bicubic2d:
         # torch's linear and antialiased kernels copy an axis whose size does not change,
         # whatever its scale factor; plain bicubic maps it with the scale
