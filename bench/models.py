@@ -1,6 +1,8 @@
 """Models shared by the tests, the benchmarks, the README demo and the notebooks.
 
 - `mlp(path)`: a small ONNX MLP with random weights, built with onnx.helper.
+- `unet_model(...)`: a one-level U-Net (conv, pool, conv, upsample, skip concat, conv) with
+  random weights, its upsampling a Resize or torch's nearest form, two Gathers.
 - `resnet50()` / `bert()`: transformers models built from their config with random weights
   (no download), exported with `torch.onnx.export(dynamo=True)` and cached on disk;
   `resnet50_torch()` / `bert_torch()` build the identical eager modules.
@@ -116,6 +118,53 @@ def mlp(
     return save_model(mlp_model(batch=batch, sizes=sizes, seed=seed, opset=opset, gemm=gemm), path)
 
 
+UPSAMPLINGS = ("nearest", "linear", "cubic", "gathers")
+
+
+def unet_model(*, channels: int = 32, size: int = 8, batch: int = 2, upsample: str = "nearest",
+               seed: int = 0) -> onnx.ModelProto:
+    """`x (batch, 3, size, size)` -> conv 3x3 -> relu -> maxpool 2 -> conv 3x3 -> upsample x2 ->
+    concat with the first relu -> conv 3x3 -> `y (batch, 4, size, size)`.
+
+    `upsample`: a Resize by scales (nearest, linear) or by sizes (cubic), or "gathers": two
+    Gathers of repeated indices along H and W, as torch's nearest upsampling reaches ONNX."""
+    if upsample not in UPSAMPLINGS:
+        raise ValueError(f"unknown upsampling {upsample!r}; choose one of {', '.join(UPSAMPLINGS)}")
+    if size % 2:
+        raise ValueError(f"the U-Net's size must be even (pooled by 2, upsampled by 2), got {size}")
+    rng = np.random.default_rng(seed)
+
+    def conv(name: str, f: int, c: int) -> TensorProto:
+        return numpy_helper.from_array((rng.standard_normal((f, c, 3, 3)) * np.sqrt(2.0 / (9 * c))).astype(np.float32),
+                                       name)
+
+    inits = [conv("w0", channels, 3), conv("w1", channels, channels), conv("w2", 4, 2 * channels)]
+    if upsample == "gathers":
+        inits.append(numpy_helper.from_array(np.repeat(np.arange(size // 2), 2).astype(np.int64), "twice"))
+        up = [helper.make_node("Gather", ["b", "twice"], ["rows"], name="up_rows", axis=2),
+              helper.make_node("Gather", ["rows", "twice"], ["up"], name="up_cols", axis=3)]
+    elif upsample == "cubic":
+        inits.append(numpy_helper.from_array(np.array([batch, channels, size, size], np.int64), "sizes"))
+        up = [helper.make_node("Resize", ["b", "", "", "sizes"], ["up"], name="up", mode="cubic")]
+    else:
+        inits.append(numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"))
+        up = [helper.make_node("Resize", ["b", "", "scales"], ["up"], name="up", mode=upsample)]
+    same = {"pads": [1, 1, 1, 1]}
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["a"], name="conv0", **same),
+        helper.make_node("Relu", ["a"], ["r"], name="relu0"),
+        helper.make_node("MaxPool", ["r"], ["p"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Conv", ["p", "w1"], ["b"], name="conv1", **same),
+        *up,
+        helper.make_node("Concat", ["r", "up"], ["cat"], name="skip", axis=1),
+        helper.make_node("Conv", ["cat", "w2"], ["y"], name="conv2", **same),
+    ]
+    graph = helper.make_graph(
+        nodes, "unet", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 4, size, size])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], producer_name="tilefold.bench")
+
+
 # ---- transformers models, exported with torch.onnx (dynamo) ----------------------------
 def model_cache_dir(explicit: str | os.PathLike | None = None) -> Path:
     """`explicit`, else $TILEFOLD_CACHE, else ~/.cache/tilefold/models."""
@@ -229,6 +278,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--opset", type=int, default=21)
     p.add_argument("--gemm", action="store_true", help="Gemm layers instead of MatMul + Add")
+    p = sub.add_parser("unet", help="a random-weight one-level U-Net")
+    p.add_argument("--out", required=True, help="the .onnx file to write")
+    p.add_argument("--upsample", choices=UPSAMPLINGS, default="nearest")
+    p.add_argument("--channels", type=int, default=32)
+    p.add_argument("--size", type=int, default=8, help="input height and width (even)")
+    p.add_argument("--seed", type=int, default=0)
     for name, what in (("resnet50", "transformers ResNet-50"), ("bert", "transformers BERT-base")):
         p = sub.add_parser(name, help=f"{what}, random weights, exported with torch.onnx")
         p.add_argument("--out", default=None, help="folder to write into (default: the model cache)")
@@ -245,6 +300,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         batch: int | str = int(args.batch) if args.batch.isdigit() else args.batch
         sizes = tuple(int(s) for s in args.sizes.split(","))
         path = mlp(args.out, batch=batch, sizes=sizes, seed=args.seed, opset=args.opset, gemm=args.gemm)
+    elif args.model == "unet":
+        path = save_model(unet_model(channels=args.channels, size=args.size, upsample=args.upsample,
+                                     seed=args.seed), args.out)
     elif args.model == "resnet50":
         path = resnet50(args.out)
     elif args.model == "bert":

@@ -30,7 +30,7 @@ KEEPS_ZERO = frozenset({
     "Atan", "Asinh", "Atanh", "Tan", "Sqrt", "Abs", "Neg", "Sign", "Round", "Floor", "Ceil", "Softsign", "HardSwish",
     "Mish", "Celu", "ThresholdedRelu", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitShift",
     "Add", "Sub", "Mul", "Max", "Min", "Sum", "Where", "Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze",
-    "Expand", "Concat", "Split", "Slice", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
+    "Expand", "Concat", "Split", "Slice", "Gather", "MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool",
     "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin", "ReduceL1", "ReduceL2", "ReduceSumSquare",
 })
 """Ops whose result is zero wherever every operand is zero: zero padding in, zero padding out

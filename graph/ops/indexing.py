@@ -1,9 +1,12 @@
 """Index-driven and shape-producing ops: Gather, GatherElements, GatherND, ScatterElements,
 ScatterND, OneHot, NonZero, Trilu, EyeLike, Shape, Size, ConstantOfShape and Range.
 
-None of them has an iteration signature (Trilu's and EyeLike's masks depend on positions,
-the gathers and scatters read and write data-dependent positions, the others make new
-tensors), so layout stops at them.
+Only Gather with a 1-D index has an iteration signature: it moves elements along its axis
+(a window dim, never tiled) and leaves every other dim as it is, so that a layout with those
+dims permuted or tiled passes through it (torch's nearest upsampling, index_select). The
+others have none (Trilu's and EyeLike's masks depend on positions, the other gathers and the
+scatters read and write data-dependent positions, the rest make new tensors), so layout
+stops at them.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import numpy as np
 
 from ..errors import UnsupportedOpError, VerifyError
 from ..registry import OpDef, register
+from ..signature import LETTERS, Signature
 from ..types import TensorType, as_array
 from .shapes import conflict, const_ints, fmt_shape, fresh, length_of, norm_axis, onnx_dtype
 
@@ -33,7 +37,17 @@ def _gather_infer(attrs, types, consts):
     return [TensorType(data.shape[:axis] + indices.shape + data.shape[axis + 1:], data.dtype)]
 
 
-register(OpDef("Gather", infer=_gather_infer, min_inputs=2, max_inputs=2, defaults={"axis": 0},
+def _gather_signature(attrs, types, outs, consts=None):
+    """`abc,_->abc` with the gathered axis a window dim, for a 1-D index; None otherwise."""
+    data, indices = types
+    if data is None or indices is None or indices.rank != 1:
+        return None
+    letters = tuple(LETTERS[: data.rank])
+    return Signature((letters, None), (letters,), {letters[norm_axis(attrs["axis"], data.rank)]: "window"})
+
+
+register(OpDef("Gather", infer=_gather_infer, signature=_gather_signature, layout="sensitive",
+               min_inputs=2, max_inputs=2, defaults={"axis": 0},
                doc="numpy.take along axis: data[:axis] + indices.shape + data[axis+1:]."))
 
 

@@ -9,7 +9,11 @@ dims when the attribute is absent):
 3. sizes with "not_larger" / "not_smaller": one scale for all listed axes, the smallest /
    largest size / d, and extents round-half-up(scale * d).
 roi matters only to coordinate_transformation_mode tf_crop_and_resize, which needs one
-(starts then ends, 2 * len(axes) values). No iteration signature: layouts stop here.
+(starts then ends, 2 * len(axes) values).
+
+Its iteration signature, when roi, scales and sizes are constants: the axes it resamples
+are window dims (never tiled), every axis it leaves as it is (scale 1, whole roi) is
+parallel, so that channels-last or channel-tiled layouts pass through an upsampling.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import numpy as np
 
 from ..errors import VerifyError
 from ..registry import OpDef, register
+from ..signature import LETTERS, Signature
 from ..types import ConstValue, Dim, TensorType, as_array
 from .shapes import dim_mul, fmt_shape, fresh, norm_axes
 
@@ -143,8 +148,38 @@ def _resize_infer(attrs, types, consts):
     return [TensorType(tuple(fresh("Resize", a) if a in axes else d for a, d in enumerate(x.shape)), x.dtype)]
 
 
+def unchanged(r: AxisResize) -> bool:
+    """Whether the resize leaves this axis as it is (kernels skip it)."""
+    return r.scale == 1 and r.roi == (0.0, 1.0)
+
+
+def _resize_signature(attrs, types, outs, consts=None):
+    """X's dims, the resampled ones window dims (see the module docstring); None unless the
+    plan is known: constant roi, scales or sizes, and static extents along axes given sizes."""
+    x, count = types[0], len(types)
+    types = list(types) + [None] * (4 - count)
+    consts = list(consts or ()) + [None] * 4
+    check_attrs(attrs)
+    roi, scales, sizes = (_const(consts, types, i) for i in (1, 2, 3))
+    scales = None if _absent(types[2]) else scales
+    sizes = None if _absent(types[3]) else sizes
+    if (scales is None) == (sizes is None) or (attrs["coordinate_transformation_mode"] == "tf_crop_and_resize"
+                                               and roi is None):
+        return None
+    if sizes is not None and not x.is_static:
+        return None
+    shape = [d if isinstance(d, int) else 1 for d in x.shape]  # under scales the extent does not matter
+    try:
+        plan = resized_axes(attrs, shape, roi, scales, sizes)
+    except VerifyError:
+        return None
+    letters = tuple(LETTERS[: x.rank])
+    window = {letters[r.axis]: "window" for r in plan if not unchanged(r)}
+    return Signature((letters,) + (None,) * (count - 1), (letters,), window)
+
+
 register(OpDef(
-    "Resize", infer=_resize_infer, min_inputs=1, max_inputs=4,
+    "Resize", infer=_resize_infer, signature=_resize_signature, layout="sensitive", min_inputs=1, max_inputs=4,
     defaults={"antialias": 0, "coordinate_transformation_mode": "half_pixel",
               "cubic_coeff_a": -0.75, "exclude_outside": 0, "extrapolation_value": 0.0,
               "keep_aspect_ratio_policy": "stretch", "mode": "nearest", "nearest_mode": "round_prefer_floor"},

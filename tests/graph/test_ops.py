@@ -69,7 +69,7 @@ def test_arity_and_defaults_follow_the_opset_21_schema(op):
     ("BatchNormalization", "sensitive", None), ("Concat", "sensitive", None),
     ("Reshape", "sensitive", "movement"), ("Transpose", "sensitive", "movement"),
     ("Expand", "sensitive", "movement"), ("Slice", "sensitive", "movement"),
-    ("Tile", "opaque", "movement"), ("Gather", "opaque", None), ("Shape", "opaque", None),
+    ("Tile", "opaque", "movement"), ("Gather", "sensitive", None), ("Resize", "sensitive", None), ("Shape", "opaque", None),
 ])
 def test_layout_kind_and_splat_behaviour(op, layout, splat):
     opdef = registry.get(op)
@@ -227,7 +227,27 @@ def test_movement_signatures():
     assert str(forward) == "ab,_,_,_,_->ab"
     backward = [None, ends, starts, axes, np.array([-1])]
     assert sig("Slice", [T(4, 6), ints, ints, ints, ints], backward) is None
-    assert registry.get("Gather").signature is None and registry.get("Tile").signature is None
+    assert registry.get("Tile").signature is None
+
+
+def test_resampling_signatures_make_the_moved_axes_window_dims():
+    """Gather along one axis by a 1-D index, Resize with a known plan: the other axes pass."""
+    rows = T(6, dtype=I64)
+    assert str(sig("Gather", [T(2, 3, 4), rows], axis=1)) == "abc,_->abc window=b"
+    assert sig("Gather", [T(2, 3, 4), T(2, 6, dtype=I64)], axis=1) is None
+    scales = np.array([1, 1, 2, 0.5], np.float32)
+    x, four = T(1, 3, 4, 6), T(4)
+    assert str(sig("Resize", [x, None, four], [None, None, scales])) == "abcd,_,_->abcd window=cd"
+    assert sig("Resize", [x, None, four]) is None  # scales known only at run time
+    sizes = np.array([1, 3, 4, 12], np.int64)
+    assert str(sig("Resize", [x, None, None, T(4, dtype=I64)], [None, None, None, sizes])) == \
+        "abcd,_,_,_->abcd window=d"
+    symbolic = TensorType((1, 3, "h", "w"), np.float32)
+    assert str(sig("Resize", [symbolic, None, four], [None, None, scales])) == "abcd,_,_->abcd window=cd"
+    assert sig("Resize", [symbolic, None, None, T(4, dtype=I64)], [None, None, None, sizes]) is None
+    crop = [None, np.array([0, 0, 0, 0, 1, 1, 1, 0.5], np.float32), np.ones(4, np.float32)]
+    assert str(sig("Resize", [x, T(8), four], crop, coordinate_transformation_mode="tf_crop_and_resize")) == \
+        "abcd,_,_->abcd window=d"
 
 
 # ---- errors --------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ....graph.errors import VerifyError
-from ....graph.ops.resize import AxisResize, check_attrs, resized_axes
+from ....graph.ops.resize import AxisResize, check_attrs, resized_axes, unchanged
 from ..registry import KernelSpec, Run, kernel
 from .common import check_dtypes, unsupported
 
@@ -140,12 +140,9 @@ def resize(attrs: dict[str, Any], x: np.ndarray, plan: list[AxisResize]) -> np.n
     interpolates = attrs["mode"] != "nearest"
     work = _WIDE.get(dtype, dtype if dtype.kind == "f" or not interpolates else np.dtype(np.float64))
     y = x.astype(work, copy=False)
-    crop = attrs["coordinate_transformation_mode"] == "tf_crop_and_resize"
     for r in plan:
-        n = y.shape[r.axis]
-        if r.size == n and r.scale == 1 and (not crop or r.roi == (0.0, 1.0)):
-            continue
-        y = resize_axis(y, r.axis, *taps(attrs, r, n), float(attrs["extrapolation_value"]))
+        if not unchanged(r):
+            y = resize_axis(y, r.axis, *taps(attrs, r, y.shape[r.axis]), float(attrs["extrapolation_value"]))
     if y.dtype == dtype:
         return y if y is not x else x.copy()
     if dtype.kind in "iub":
@@ -161,10 +158,7 @@ def _resize(spec: KernelSpec) -> Run:
     check_dtypes(spec)
     attrs = {**spec.attrs}
     check_attrs(attrs)
-    static = spec.in_types[0].is_static and all(
-        spec.const_array(i) is not None for i in range(1, len(spec.in_types)) if spec.in_types[i] is not None)
-    fixed = resized_axes(attrs, spec.in_types[0].shape, *_optional(spec.const_array, len(spec.in_types))) \
-        if static else None
+    fixed = static_plan(spec)
 
     def run(x: np.ndarray, roi: np.ndarray | None = None, scales: np.ndarray | None = None,
             sizes: np.ndarray | None = None) -> np.ndarray:
@@ -177,6 +171,14 @@ def _resize(spec: KernelSpec) -> Run:
         return resize(attrs, x, plan)
 
     return run
+
+
+def static_plan(spec: KernelSpec) -> list[AxisResize] | None:
+    """The plan fixed at build time (static X, constant roi, scales and sizes), or None."""
+    static = spec.in_types[0].is_static and all(
+        spec.const_array(i) is not None for i in range(1, len(spec.in_types)) if spec.in_types[i] is not None)
+    return resized_axes(spec.attrs, spec.in_types[0].shape, *_optional(spec.const_array, len(spec.in_types))) \
+        if static else None
 
 
 def _optional(const: Callable[[int], np.ndarray | None], count: int) -> list[np.ndarray | None]:
