@@ -41,7 +41,10 @@ return fresh arrays rather than writing into a given buffer, so planning them wo
 copy (the host's plan is reported, not used). A node on a Triton device that no template runs
 falls back to the NumPy backend: its operands are copied to the host and its results into
 their planned buffers, each move an explicit, counted transfer (`transfers`, `transfer_bytes`),
-as is each `Transfer` node.
+as is each `Transfer` node. A node with a result or an operand whose shape is known only at
+run time (NonZero's count, TopK's K from a tensor), even with the inputs' shapes fixed, has no
+buffer a plan could size: unplaced, it runs on the host the same way (its operands copied
+there, counted; its results stay there); placed on a Triton device, it is a one-line error.
 """
 from __future__ import annotations
 
@@ -253,7 +256,7 @@ class TritonExecutable:
 
     def _node_device(self, node: Node) -> str:
         """Where a node runs: `cpu` (the host), or a Triton device (registered on first use)."""
-        name = node.attrs.get("target") if node.op == "Transfer" else node.device
+        name = _placement(node)
         if name is None:
             return self.device
         if name == HOST:
@@ -266,11 +269,21 @@ class TritonExecutable:
         return device.name
 
     def _group_device(self, group: Group) -> str:
+        """Where a group runs: its nodes' device, but the host for a node of a shape known only at
+        run time (a Triton device's buffers are planned at compile time) that no one placed."""
         devices = {self._node_device(n) for n in group.nodes}
         if len(devices) > 1:
             raise TilefoldError(f"{where(group.anchor)}: one kernel's nodes are placed on {sorted(devices)}; "
                                 "place them on one device or put a Transfer between them")
-        return devices.pop()
+        device = devices.pop()
+        dynamic = None if device == HOST else _dynamic(self.graph, group)
+        if dynamic is None:
+            return device
+        node, what = dynamic
+        if _placement(node) is not None:
+            raise TilefoldError(f"{where(node)} is placed on {device!r}, but its {what} has a shape known only at "
+                                f"run time; a Triton device needs static shapes: place it on {HOST!r}")
+        return HOST
 
     def _placed(self, groups: list[Group], where_run: dict[str, str]) -> Graph:
         """A copy of the graph with every compute node on the device it runs on, for planning."""
@@ -496,6 +509,25 @@ class TritonExecutable:
         if (v, step.device) not in moved:  # a host value a kernel reads: moved once per device and run
             moved[v, step.device] = self._to_device(x, step.device)
         return moved[v, step.device]
+
+
+def _placement(node: Node) -> str | None:
+    """The device a node was placed on (a Transfer: its target), None where it was not."""
+    return node.attrs.get("target") if node.op == "Transfer" else node.device
+
+
+def _dynamic(graph: Graph, group: Group) -> tuple[Node, str] | None:
+    """The first node of `group` with a result or an operand of non-static type, and which
+    (`result int64[2xunk__0]`), None where every type is static; a shape known at compile time
+    (`static`) reads no operand."""
+    for node in group.nodes:
+        reads = [] if group.kind == "static" else [v for v in graph.inputs_of(node.name) if v is not None]
+        values = [(f"result {t}", t) for t in node.outputs] + \
+                 [(f"operand {graph.value_name(v)}, {graph.type_of(v)},", graph.type_of(v)) for v in reads]
+        for what, t in values:
+            if not t.is_static:
+                return node, what
+    return None
 
 
 def check_arena(exe: TritonExecutable) -> None:

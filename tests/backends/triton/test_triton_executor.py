@@ -208,3 +208,98 @@ def test_a_scatter_falls_back_to_numpy_between_triton_kernels(kit):
     np.maximum.at(want, (np.arange(4)[:, None], index % 6), updates)
     np.testing.assert_allclose(exe({"x": x_val})["y"], np.maximum(want, 0), rtol=1e-6)
     assert exe.fallback_nodes == ["scatter"]
+
+
+def _nonzero_model(batch: int | str = 3):
+    """x -> Relu -> NonZero (a dim known only at run time) -> Cast -> Mul by itself -> y, and
+    x -> NonZero -> Transpose -> t: nodes on values of dynamic shape after kernels and inputs."""
+    from onnx import TensorProto, helper
+
+    n = helper.make_node
+    graph = helper.make_graph(
+        [n("Relu", ["x"], ["r"], name="relu"), n("NonZero", ["r"], ["nz"], name="nz"),
+         n("Cast", ["nz"], ["c"], to=TensorProto.FLOAT, name="cast"), n("Mul", ["c", "c"], ["y"], name="mul"),
+         n("NonZero", ["x"], ["nx"], name="nx"), n("Transpose", ["nx"], ["t"], perm=[1, 0], name="tr")],
+        "nonzero", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("t", TensorProto.INT64, None)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def _nonzero_reference(x: np.ndarray) -> dict[str, np.ndarray]:
+    c = np.stack(np.nonzero(np.maximum(x, 0))).astype(F32)
+    return {"y": c * c, "t": np.stack(np.nonzero(x)).T}
+
+
+def test_nodes_of_a_shape_known_only_at_run_time_run_on_the_host(kit, device):
+    """NonZero's result has a dim known only at run time: no arena buffer can be planned for
+    it, so it and the nodes that read it run on the NumPy backend on the host, behind the
+    Relu kernel, as a node without a template does; nothing of theirs is in the arena."""
+    from tilefold.backends.numpy import NumpyExecutable
+    from tilefold.backends.triton.executor import check_arena
+
+    g = tilefold.load(_nonzero_model())
+    exe = TritonExecutable(g, device=device)
+    rng = np.random.default_rng(11)
+    for _ in range(2):  # two draws: a different number of nonzeros each run
+        x = rng.standard_normal((3, 4)).astype(F32)
+        x[0, 1] = 0.0
+        got = exe({"x": x})
+        kit.assert_close(got, _nonzero_reference(x), rtol=0, atol=0)
+        kit.assert_close(got, NumpyExecutable(g)({"x": x}), rtol=0, atol=0)
+    assert exe.fallback_nodes == ["nz", "cast", "mul", "nx", "tr"]
+    assert {s.group.anchor.name: s.device for s in exe.steps} == {
+        "relu": device, "nz": "cpu", "cast": "cpu", "mul": "cpu", "nx": "cpu", "tr": "cpu"}
+    assert [b.value.node for b in exe.memory.devices[device].buffers] == ["relu"]
+    assert exe.transfers == 2 * 2 and exe.transfer_bytes == 2 * 2 * 3 * 4 * 4  # per run: x in, relu's result out
+    check_arena(exe)
+
+
+def test_a_symbolic_batch_then_nonzero_runs_its_dynamic_part_on_the_host(kit):
+    """A dynamic batch is made static per run; NonZero's dim stays dynamic after that."""
+    g = tilefold.load(_nonzero_model(batch="N"))
+    exe = TritonExecutable(g, device="interp")
+    rng = np.random.default_rng(12)
+    for batch in (2, 5):
+        x = rng.standard_normal((batch, 4)).astype(F32)
+        kit.assert_close(exe({"x": x}), _nonzero_reference(x), rtol=0, atol=0)
+        assert "relu" not in exe.fallback_nodes and {"nz", "cast", "mul"} <= set(exe.fallback_nodes)
+    assert len(exe._variants) == 2
+
+
+def test_topk_with_a_k_known_at_run_time_runs_on_the_host(kit):
+    """TopK with K an input: its results' shapes are dynamic, so it and the Neg on its values
+    run on the host, after the Exp kernel."""
+    from onnx import TensorProto, helper
+
+    n = helper.make_node
+    graph = helper.make_graph(
+        [n("Exp", ["x"], ["e"], name="exp"), n("TopK", ["e", "k"], ["v", "i"], axis=1, name="topk"),
+         n("Neg", ["v"], ["y"], name="neg")],
+        "topk", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 6]),
+                 helper.make_tensor_value_info("k", TensorProto.INT64, [1])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("i", TensorProto.INT64, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    exe = TritonExecutable(tilefold.load(model), device="interp")
+    x = np.random.default_rng(13).standard_normal((3, 6)).astype(F32)
+    for k in (2, 4):
+        feeds = {"x": x, "k": np.array([k], np.int64)}
+        got = exe(feeds)
+        want = np.argsort(-x, axis=1, kind="stable")[:, :k]
+        np.testing.assert_array_equal(got["i"], want)
+        np.testing.assert_allclose(got["y"], -np.take_along_axis(np.exp(x), want, axis=1), rtol=1e-6)
+    assert exe.fallback_nodes == ["topk", "neg"]
+
+
+def test_a_node_of_dynamic_shape_placed_on_a_triton_device_is_a_one_line_error(kit):
+    g = tilefold.load(_nonzero_model())
+    g.node("cast").device = "interp"
+    with pytest.raises(TilefoldError, match=r"node 'cast' \(op Cast\) is placed on 'interp', but its result "
+                                            r"float32\[2xunk__\d+\] has a shape known only at run time") as info:
+        TritonExecutable(g, device="interp")
+    assert "\n" not in str(info.value) and "'cpu'" in str(info.value)
+    g.node("cast").device = None
+    g.node("tr").device = "interp"
+    with pytest.raises(TilefoldError, match=r"node 'tr' \(op Transpose\) is placed on 'interp', but its result"):
+        TritonExecutable(g, device="interp")
