@@ -30,6 +30,7 @@ from ..graph.graph import Graph
 from ..graph.types import Value, freeze
 from .fx_emit import Emitter, supported_dtype, tensor_type
 from .fx_ops import RULES, SUPPORTED_OPS
+from .fx_ops_nn import RESAMPLING
 
 OUTPUT_PREFIX = "output_"
 
@@ -154,10 +155,12 @@ it has (reductions, elementwise arithmetic, views): decomposed rather than run e
 
 
 def decompositions() -> dict:
-    """The decomposition table of both the backend and `from_torch`: core ATen plus DECOMPOSED."""
+    """The decomposition table of both the backend and `from_torch`: core ATen plus DECOMPOSED,
+    less the resampling ops that rules convert whole (`fx_ops_nn.RESAMPLING`)."""
     from torch._decomp import core_aten_decompositions, get_decompositions
 
-    return {**core_aten_decompositions(), **get_decompositions(list(DECOMPOSED))}
+    table = {**core_aten_decompositions(), **get_decompositions(list(DECOMPOSED))}
+    return {op: fn for op, fn in table.items() if op not in RESAMPLING}
 
 
 def export_aten(module: torch.nn.Module, example_inputs: Sequence[Any]) -> tuple[torch.fx.GraphModule, dict]:

@@ -384,5 +384,8 @@ def _resample(emit: Emitter, node: torch.fx.Node) -> Value:
     return emit.op("Resize", [x, None, None, emit.ints(out_val(node).shape)], attrs, node=node)
 
 
-rule(*(packet.default for packet in (*_NEAREST, *_RESAMPLE)), *(packet.vec for packet in (*_NEAREST, *_RESAMPLE)),
-     check=_resample_check)(_resample)
+RESAMPLING = tuple(getattr(packet, overload) for packet in (*_NEAREST, *_RESAMPLE) for overload in ("default", "vec"))
+"""The resampling ops the rules above convert, each into one Resize or one Gather per axis,
+which layouts pass through; PyTorch's core ATen table would decompose some of them into
+index arithmetic and multi-dimensional gathers (16 GatherND for a bicubic upsampling)."""
+rule(*RESAMPLING, check=_resample_check)(_resample)
