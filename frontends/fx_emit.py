@@ -78,8 +78,11 @@ class Emitter:
         """An operand (fx node or Python number) as a tensor of `dtype` (Cast when needed)."""
         if not isinstance(x, torch.fx.Node):
             return self.scalar(x, dtype)
-        value = self.value(x)
-        target = torch_to_numpy_dtype(dtype)
+        return self.cast(self.value(x), dtype)
+
+    def cast(self, value: Value, dtype: torch.dtype | np.dtype) -> Value:
+        """`value` as `dtype` (a Cast when its dtype differs)."""
+        target = torch_to_numpy_dtype(dtype) if isinstance(dtype, torch.dtype) else np.dtype(dtype)
         if self.graph.type_of(value).dtype == target:
             return value
         return self.op("Cast", [value], {"to": _ONNX_CODES[target]})

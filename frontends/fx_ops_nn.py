@@ -135,21 +135,65 @@ def _pool(emit: Emitter, node: torch.fx.Node) -> Value | tuple[Value | None, ...
     return emit.op("AveragePool", [x], attrs, node=node)
 
 
+_ADAPTIVE = {aten._adaptive_avg_pool2d.default: 2, aten._adaptive_avg_pool3d.default: 3}
+"""Adaptive average pooling -> its number of spatial (trailing) dims. 1-d pooling and
+F.interpolate(mode="area") reach these too (torch unsqueezes a 1-d input to 2-d)."""
+
+
 def _adaptive_check(node: torch.fx.Node) -> str | None:
-    size = node.args[0].meta["val"].shape[2:]
-    out = _spread(node.args[1], 2)
-    return None if all(s % o == 0 for s, o in zip(size, out)) else "an output size that does not divide the input"
+    x = node.args[0].meta["val"]
+    if any(not isinstance(d, int) for d in (*x.shape, *out_val(node).shape)):
+        return "a symbolic size (the averaging windows are constants built at conversion)"
+    return None if x.dtype.is_floating_point else "integer input"
 
 
-@rule(aten._adaptive_avg_pool2d.default, check=_adaptive_check)
+def adaptive_windows(n_in: int, n_out: int) -> np.ndarray:
+    """The (n_out, n_in) float64 matrix of torch's adaptive averaging along one axis: row i
+    averages inputs floor(i * n_in / n_out) .. ceil((i + 1) * n_in / n_out) - 1 (windows that
+    overlap when n_out does not divide n_in, and repeat inputs when n_out > n_in)."""
+    i = np.arange(n_out)
+    start, end = i * n_in // n_out, -(-(i + 1) * n_in // n_out)
+    j = np.arange(n_in)
+    inside = (j >= start[:, None]) & (j < end[:, None])
+    return inside / (end - start)[:, None]
+
+
+@rule(*_ADAPTIVE, check=_adaptive_check)
 def _adaptive_avg_pool(emit: Emitter, node: torch.fx.Node) -> Value:
-    size = [int(s) for s in node.args[0].meta["val"].shape[2:]]
-    out = _spread(node.args[1], 2)
-    if out == [1, 1]:
-        return emit.op("GlobalAveragePool", [emit.value(node.args[0])], node=node)
-    kernel = tuple(s // o for s, o in zip(size, out))
-    attrs = {"kernel_shape": kernel, "strides": kernel, "pads": (0, 0, 0, 0)}
-    return emit.op("AveragePool", [emit.value(node.args[0])], attrs, node=node)
+    """1. A batched input whose output sizes divide its sizes: GlobalAveragePool (all 1) or
+    AveragePool with kernel = stride = in / out, ops that layouts pass through.
+    2. Otherwise (and unbatched): pooling is separable, Y = A_h X A_w^T (and A_d in 3-d), one
+    MatMul per axis that changes with the constant `adaptive_windows` matrix: the last axis
+    as X @ A^T, an inner one as A @ X with the dims after it folded into one (Reshape).
+    float16 is averaged in float32 (Cast both ways), as torch accumulates it."""
+    x = emit.value(node.args[0])
+    shape = [int(d) for d in node.args[0].meta["val"].shape]
+    first = len(shape) - _ADAPTIVE[node.target]  # the spatial dims trail (the input may be unbatched)
+    size, out = shape[first:], [int(d) for d in out_val(node).shape[first:]]
+    if first == 2 and all(s % o == 0 for s, o in zip(size, out)):  # case 1
+        if all(o == 1 for o in out):
+            return emit.op("GlobalAveragePool", [x], node=node)
+        kernel = tuple(s // o for s, o in zip(size, out))
+        attrs = {"kernel_shape": kernel, "strides": kernel, "pads": (0,) * (2 * len(kernel))}
+        return emit.op("AveragePool", [x], attrs, node=node)
+    dtype = torch_to_numpy_dtype(out_val(node).dtype)  # case 2
+    compute = np.dtype(np.float32) if dtype == np.float16 else dtype
+    x = emit.cast(x, compute)
+    for axis in reversed(range(first, len(shape))):
+        n_in, n_out = shape[axis], out[axis - first]
+        if n_in == n_out:
+            continue
+        windows = adaptive_windows(n_in, n_out).astype(compute)
+        if axis == len(shape) - 1:
+            x = emit.op("MatMul", [x, emit.constant(np.ascontiguousarray(windows.T))])
+        elif axis == len(shape) - 2:
+            x = emit.op("MatMul", [emit.constant(windows), x])
+        else:  # an empty batch's 0 in the shapes is Reshape's "copy this dim": also 0
+            folded = emit.op("Reshape", [x, emit.ints([*shape[:axis], n_in, int(np.prod(shape[axis + 1:]))])])
+            pooled = emit.op("MatMul", [emit.constant(windows), folded])
+            x = emit.op("Reshape", [pooled, emit.ints([*shape[:axis], n_out, *shape[axis + 1:]])])
+        shape[axis] = n_out
+    return emit.op("Identity", [emit.cast(x, dtype)], node=node)
 
 
 # ---- reductions ----------------------------------------------------------------------------

@@ -25,8 +25,10 @@ CLAIMED = (
     "clamp clone constant_pad_nd cos cosh cumsum div eq erf exp expand expm1 flip floor fmod gather ge gt "
     "index_add index_copy index_fill index_put index_select le "
     "log log1p logical_and logical_not logical_or linalg.vector_norm logical_xor lt maximum mean minimum "
-    "mm mul ne neg nn.functional.conv2d nn.functional.conv_transpose2d nn.functional.embedding nn.functional.gelu "
-    "nn.functional.group_norm nn.functional.hardtanh nn.functional.layer_norm "
+    "mm mul ne neg nn.functional.adaptive_avg_pool1d nn.functional.adaptive_avg_pool2d "
+    "nn.functional.adaptive_avg_pool3d nn.functional.conv2d nn.functional.conv_transpose2d nn.functional.embedding "
+    "nn.functional.gelu nn.functional.group_norm nn.functional.hardtanh nn.functional.interpolate.area "
+    "nn.functional.layer_norm "
     "nn.functional.leaky_relu nn.functional.linear nn.functional.relu permute pow reciprocal remainder "
     "repeat reshape round rsqrt scatter scatter_add scatter_reduce sigmoid sign sin sinh slice slice_scatter "
     "softmax log_softmax split sqrt squeeze sub "
@@ -37,9 +39,17 @@ TOLERANCES = {"nn.functional.conv2d": (1e-4, 1e-4), "nn.functional.conv_transpos
 order as a GEMM than oneDNN's direct kernel."""
 VARIANTS = {"div", "scatter_reduce"}
 """Claimed ops whose OpInfo entries are all variants (div: no, trunc and floor rounding;
-scatter_reduce: sum, prod, mean, amax, amin)."""
-OPS = [op for op in op_db if op.name in CLAIMED and (op.variant_test_name == "" or op.name in VARIANTS)]
-IDS = [".".join(filter(None, (op.name, op.variant_test_name))) for op in OPS]
+scatter_reduce: sum, prod, mean, amax, amin). One variant alone is claimed by its id
+(nn.functional.interpolate.area: adaptive average pooling)."""
+
+
+def _op_id(op) -> str:
+    return ".".join(filter(None, (op.name, op.variant_test_name)))
+
+
+OPS = [op for op in op_db
+       if _op_id(op) in CLAIMED or (op.name in CLAIMED and (op.variant_test_name == "" or op.name in VARIANTS))]
+IDS = [_op_id(op) for op in OPS]
 
 
 def _run(op, limit: int | None) -> Counter:
