@@ -69,7 +69,8 @@ def test_arity_and_defaults_follow_the_opset_21_schema(op):
     ("BatchNormalization", "sensitive", None), ("Concat", "sensitive", None),
     ("Reshape", "sensitive", "movement"), ("Transpose", "sensitive", "movement"),
     ("Expand", "sensitive", "movement"), ("Slice", "sensitive", "movement"),
-    ("Tile", "opaque", "movement"), ("Gather", "sensitive", None), ("Resize", "sensitive", None), ("Shape", "opaque", None),
+    ("Tile", "opaque", "movement"), ("Gather", "sensitive", None), ("Resize", "sensitive", None),
+    ("Shape", "opaque", None),
 ])
 def test_layout_kind_and_splat_behaviour(op, layout, splat):
     opdef = registry.get(op)
