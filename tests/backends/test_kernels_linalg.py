@@ -63,6 +63,10 @@ CONV_CASES = [
     ((2, 3, 17), (4, 3, 4), {"strides": [3], "pads": [2, 1]}),  # 1-D
     ((1, 2, 5, 6, 7), (3, 2, 3, 2, 3), {"pads": [1, 0, 1, 1, 1, 0], "strides": [1, 2, 2]}),  # 3-D
     ((1, 2, 5, 6, 4), (4, 1, 2, 3, 3), {"group": 2, "dilations": [2, 1, 1]}),  # grouped 3-D
+    ((2, 8, 9, 7), (3, 8, 3, 3), {"pads": [1, 1, 1, 1]}),  # few output channels: tap products
+    ((1, 10, 5, 6), (4, 10, 3, 5), {"pads": [4, 1, 2, 5], "dilations": [2, 1]}),  # taps reaching only padding
+    ((1, 6, 12), (2, 6, 5), {"auto_pad": "SAME_UPPER"}),  # 1-D tap products
+    ((1, 6, 4, 5, 6), (3, 6, 3, 2, 3), {"pads": [1, 0, 1, 1, 1, 1]}),  # 3-D tap products
 ]
 
 
@@ -163,6 +167,18 @@ def test_large_3x3_convolutions_take_the_winograd_path(check, rng, monkeypatch, 
     args = [normal(rng, *x_shape), normal(rng, 16, c, 3, 3) * 0.2, normal(rng, 16)]
     check("Conv", args, attrs, consts=consts, rtol=1e-4, atol=1e-4)
     assert calls == [x_shape]
+
+
+@pytest.mark.parametrize("consts", [{1, 2}, ()])
+def test_convs_with_few_output_channels_take_tap_products(check, rng, monkeypatch, consts):
+    from tilefold.backends.numpy.kernels import linalg
+
+    calls = []
+    original = linalg.conv_taps
+    monkeypatch.setattr(linalg, "conv_taps", lambda *a: calls.append(a[0].shape) or original(*a))
+    args = [normal(rng, 2, 16, 9, 8), normal(rng, 8, 16, 3, 3) * 0.2, normal(rng, 8)]
+    check("Conv", args, {"pads": [1, 0, 2, 1], "strides": [1, 1]}, consts=consts, rtol=1e-4, atol=1e-4)
+    assert calls == [(2, 16, 9, 8)]
 
 
 @pytest.mark.parametrize("const", [(), (1, 2)])

@@ -118,6 +118,24 @@ def window_geometry(
     return Window(tuple(begin), tuple(end), tuple(extra), tuple(out), tuple(kernel), strides, dilations)
 
 
+def tap_range(size: int, out: int, j: int, stride: int, dilation: int, pad_begin: int) -> tuple[int, int, int]:
+    """(lo, hi, start): outputs [lo, hi) read input start + (o - lo) * stride at tap j."""
+    offset = j * dilation - pad_begin  # input index of output 0 at this tap
+    lo = min(max(0, -(offset // stride) if offset < 0 else 0), out)
+    hi = min(out, (size - 1 - offset) // stride + 1) if size - 1 - offset >= 0 else 0
+    hi = max(hi, lo)
+    return lo, hi, offset + lo * stride
+
+
+def tap_slices(geo: Window, spatial: Sequence[int], tap: Sequence[int]):
+    """Per spatial dim: the valid output range and the strided input slice of one tap."""
+    ranges = [tap_range(spatial[d], geo.out_shape[d], tap[d], geo.strides[d], geo.dilations[d],
+                        geo.pads_begin[d]) for d in range(len(tap))]
+    src = tuple(slice(start, start + (hi - lo - 1) * s + 1, s) if hi > lo else slice(0, 0)
+                for (lo, hi, start), s in zip(ranges, geo.strides))
+    return ranges, src
+
+
 def pad(x: np.ndarray, widths: Sequence[tuple[int, int]], value: Any = 0) -> np.ndarray:
     """Constant padding with non-negative widths; np.pad does the same in several more passes."""
     shape = tuple(n + b + e for n, (b, e) in zip(x.shape, widths))

@@ -16,6 +16,7 @@ from ....graph.ops.linalg import einsum_terms
 from ....graph.ops.shapes import transposed_window, window_attrs
 from ..registry import KernelSpec, Run, kernel
 from .common import check_dtypes, dense, prod, unsupported, window_geometry, windows
+from .conv_taps import conv_taps, tap_weights, worth_taps
 from .winograd import weight_transform, winograd_conv
 
 
@@ -137,6 +138,11 @@ def conv(x: np.ndarray, wmat: np.ndarray, kernel_shape: tuple[int, ...], attrs: 
     return y
 
 
+def _tap_weights(w: np.ndarray) -> np.ndarray:
+    """W (F, C, *k) as `conv_taps`' channels-first operand (prod(k) * F, C)."""
+    return tap_weights(np.moveaxis(w, (0, 1), (-1, -2)), channels_last=False)
+
+
 def _winograd_applies(spec: KernelSpec, kernel_shape, groups: int) -> bool:
     """3x3, stride 1, undilated, ungrouped 2-D float convolution: what winograd_conv computes."""
     attrs = spec.attrs
@@ -175,6 +181,12 @@ def _conv(spec: KernelSpec) -> Run:
     bias_const = spec.const_array(2) if len(spec.consts) > 2 else None
     winograd = _winograd_applies(spec, kernel_attr, groups)
     wino_weight = weight_transform(weight) if winograd and weight is not None else None
+    x_type = spec.in_types[0]
+    taps_weight = None
+    if weight is not None and groups == 1 and kernel_attr is not None and x_type is not None and x_type.is_static:
+        geo = window_geometry(attrs, x_type.shape[2:], kernel_attr)
+        if worth_taps(kernel_attr, geo, x_type.shape[1], weight.shape[0]):
+            taps_weight = _tap_weights(wide(weight))  # built only where it is used: it doubles the weight
 
     def run(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
         if x.dtype == np.float16:
@@ -187,6 +199,11 @@ def _conv(spec: KernelSpec) -> Run:
                 u = wino_weight if wino_weight is not None else weight_transform(w)
                 pads = (*geo.pads_begin, *geo.pads_end)
                 return winograd_conv(x, u, pads, bias)
+        if groups == 1:
+            geo = window_geometry(attrs, x.shape[2:], kernel_shape)
+            if worth_taps(kernel_shape, geo, x.shape[1], w.shape[0]):
+                taps = taps_weight if taps_weight is not None else _tap_weights(wide(w))
+                return conv_taps(x, taps, geo, False, None if bias is None else wide(bias))
         matrix = wmat if wmat is not None else conv_weight_matrix(wide(w), groups)
         return conv(x, matrix, kernel_shape, attrs, None if bias is None else wide(bias))
 

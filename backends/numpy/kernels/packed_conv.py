@@ -8,6 +8,8 @@ im2col copy); weights are RSCF buffers (`PackedEncoding((), (), (2, 3, 1, 0))`: 
 - 1x1, stride 1, unpadded: one GEMM (N*H*W, C) @ (C, F) on the input buffer, no copy;
 - depthwise (C/g == 1): the taps accumulate into the output, vectorized over (N, *out, C);
 - 3x3, stride 1, ungrouped, enough tiles: Winograd F(2x2, 3x3) in NHWC (packed_winograd);
+- otherwise at stride 1, ungrouped, with at most half as many output channels as input ones:
+  one GEMM for every tap's products, added in at their shifts (conv_taps);
 - otherwise im2col: each tap copies whole channel rows into a (N, *out, g, *k, C/g) buffer
   (borders zeroed, no padded copy of the input), then one GEMM (one batched GEMM for groups);
   an NCHW input is copied along its rows instead (the NCHW kernel's column buffer), and BLAS
@@ -27,7 +29,8 @@ import numpy as np
 
 from ....layout.encoding import PackedEncoding
 from ..registry import KernelSpec, Run, packed_kernel
-from .common import Window, check_dtypes, dense, prod, window_geometry, windows
+from .common import Window, check_dtypes, dense, prod, tap_slices, window_geometry, windows
+from .conv_taps import conv_taps, tap_weights, worth_taps
 from .linalg import wide
 from .packed_winograd import winograd_nhwc, winograd_weight, worth_winograd_nhwc
 
@@ -45,25 +48,6 @@ def weight_gemm(rank: int) -> tuple[int, ...]:
 def is_permutation(enc: Any, perm: Sequence[int]) -> bool:
     """`enc` is the untiled encoding whose buffer is the logical tensor transposed by `perm`."""
     return isinstance(enc, PackedEncoding) and not enc.inner_tiles and enc.outer_perm(len(perm)) == tuple(perm)
-
-
-# ---- geometry ------------------------------------------------------------------------------
-def tap_range(size: int, out: int, j: int, stride: int, dilation: int, pad_begin: int) -> tuple[int, int, int]:
-    """(lo, hi, start): outputs [lo, hi) read input start + (o - lo) * stride at tap j."""
-    offset = j * dilation - pad_begin  # input index of output 0 at this tap
-    lo = min(max(0, -(offset // stride) if offset < 0 else 0), out)
-    hi = min(out, (size - 1 - offset) // stride + 1) if size - 1 - offset >= 0 else 0
-    hi = max(hi, lo)
-    return lo, hi, offset + lo * stride
-
-
-def _tap_slices(geo: Window, spatial: Sequence[int], tap: Sequence[int]):
-    """Per spatial dim: the valid output range and the strided input slice of one tap."""
-    ranges = [tap_range(spatial[d], geo.out_shape[d], tap[d], geo.strides[d], geo.dilations[d],
-                        geo.pads_begin[d]) for d in range(len(tap))]
-    src = tuple(slice(start, start + (hi - lo - 1) * s + 1, s) if hi > lo else slice(0, 0)
-                for (lo, hi, start), s in zip(ranges, geo.strides))
-    return ranges, src
 
 
 def _zero_borders(dst: np.ndarray, ranges: Sequence[tuple[int, int, int]], first: int) -> None:
@@ -93,7 +77,7 @@ def im2col(x: np.ndarray, geo: Window, groups: int) -> np.ndarray:
     spatial = x.shape[1:-1]
     cols = np.empty((n, *geo.out_shape, groups, *geo.kernel, c // groups), x.dtype)
     for tap in itertools.product(*(range(k) for k in geo.kernel)):
-        ranges, src = _tap_slices(geo, spatial, tap)
+        ranges, src = tap_slices(geo, spatial, tap)
         dst = cols[(slice(None),) * (1 + nd) + (slice(None),) + tap]  # (N, *out, g, C/g)
         _zero_borders(dst, ranges, 1)
         if all(hi > lo for lo, hi, _ in ranges):
@@ -145,7 +129,7 @@ def depthwise(x: np.ndarray, wdw: np.ndarray, geo: Window, nchw: bool, bias: np.
     y[...] = 0 if bias is None else bias.reshape(c, mult)
     scratch = np.empty_like(y)
     for index, tap in enumerate(itertools.product(*(range(k) for k in geo.kernel))):
-        ranges, src = _tap_slices(geo, spatial, tap)
+        ranges, src = tap_slices(geo, spatial, tap)
         if any(hi <= lo for lo, hi, _ in ranges):
             continue
         box = (slice(None),) + tuple(slice(lo, hi) for lo, hi, _ in ranges)
@@ -195,6 +179,10 @@ class ConvWeights:
     def winograd(self) -> np.ndarray:
         return winograd_weight(self.rscf)
 
+    @functools.cached_property
+    def taps(self) -> np.ndarray:
+        return tap_weights(self.rscf, channels_last=True)
+
 
 def conv_weights(w: np.ndarray, packed: bool, groups: int) -> ConvWeights:
     """The RSCF form of a weight buffer (packed RSCF already, or identity FCRS)."""
@@ -232,6 +220,8 @@ def conv_nhwc(x: np.ndarray, weights: ConvWeights, plan: _Plan, bias: np.ndarray
     elif g == 1 and worth_winograd_nhwc(kernel_shape, geo, x.shape[0], cg, f) and not nchw:
         u = weights.winograd
         return winograd_nhwc(x, u, geo, bias)
+    elif g == 1 and worth_taps(kernel_shape, geo, cg, f) and not nchw:
+        return conv_taps(x, weights.taps, geo, True, bias)
     elif nchw:
         y = gemm_conv_columns(im2col_nchw(x, geo, g), weights.gemm_channels_first, geo.out_shape)
     else:

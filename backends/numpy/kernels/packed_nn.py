@@ -15,9 +15,9 @@ import numpy as np
 from ....graph.types import TensorType
 from ....layout.encoding import PackedEncoding
 from ..registry import KernelSpec, Run, packed_kernel
-from .common import Window, as_array, check_dtypes, window_geometry
+from .common import Window, as_array, check_dtypes, tap_range, window_geometry
 from .nn import _lowest, _pool_attrs, _softmax, exact_mean, instance_normalize
-from .packed_conv import channels_last, is_permutation, tap_range
+from .packed_conv import channels_last, is_permutation
 from .packed_layout import converter
 
 

@@ -25,6 +25,9 @@ CASES = {
     "winograd": ((1, 48, 16, 15), (40, 48, 3, 3), 1, {"pads": (1, 1, 1, 1)}),
     "winograd asymmetric pads": ((2, 36, 13, 15), (36, 36, 3, 3), 1, {"pads": (0, 1, 1, 0)}),
     "valid": ((1, 5, 8, 8), (3, 5, 3, 3), 1, {"auto_pad": "VALID"}),
+    "tap products": ((2, 12, 9, 11), (4, 12, 3, 3), 1, {"pads": (1, 1, 1, 1)}),
+    "tap products, dilated, pads past the input": ((1, 10, 5, 6), (3, 10, 3, 5), 1,
+                                                   {"pads": (4, 1, 2, 5), "dilations": (2, 1)}),
 }
 
 
@@ -86,7 +89,7 @@ def _onnxruntime_conv(x, w, b, attrs) -> np.ndarray:
 
 
 @pytest.mark.parametrize("case", ["7x7 stride 2 (stem)", "depthwise x2 stride 2", "winograd", "grouped",
-                                  "3x2 stride 2 dilated"])
+                                  "3x2 stride 2 dilated", "tap products, dilated, pads past the input"])
 def test_conv_matches_onnxruntime(packed_run, rng, case):
     """The stem case reads identity NCHW input and writes NHWC (the fused layout change)."""
     x_shape, w_shape, group, attrs = CASES[case]
@@ -112,6 +115,21 @@ def test_rscf_weight_is_the_gemm_operand_without_a_copy(rng):
     w = pack(rng.standard_normal((16, 8, 3, 3)).astype(np.float32), RSCF)
     forms = packed_conv.conv_weights(w, packed=True, groups=1)
     assert np.shares_memory(forms.gemm, w) and forms.gemm.shape == (1, 72, 16)
+
+
+@pytest.mark.parametrize("f, taps", [(6, True), (7, False)])
+def test_few_output_channels_take_tap_products_instead_of_im2col(packed_check, rng, monkeypatch, f, taps):
+    """At most half as many output channels as input ones (12 -> 6): no column buffer."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("im2col ran")
+
+    if taps:
+        monkeypatch.setattr(packed_conv, "im2col", refuse)
+    else:
+        monkeypatch.setattr(packed_conv, "conv_taps", refuse)
+    x, w, b = _conv_args(rng, (2, 12, 10, 9), (f, 12, 3, 3))
+    packed_check("Conv", [x, w, b], [NHWC, RSCF, None], [NHWC], {"pads": (1, 2, 0, 1)}, consts=(1, 2),
+                 rtol=1e-4, atol=1e-4, expect_path="native")
 
 
 def test_winograd_and_im2col_agree(rng):
