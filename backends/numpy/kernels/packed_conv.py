@@ -183,6 +183,10 @@ class ConvWeights:
     def taps(self) -> np.ndarray:
         return tap_weights(self.rscf, channels_last=True)
 
+    @functools.cached_property
+    def taps_channels_first(self) -> np.ndarray:
+        return tap_weights(self.rscf, channels_last=False)
+
 
 def conv_weights(w: np.ndarray, packed: bool, groups: int) -> ConvWeights:
     """The RSCF form of a weight buffer (packed RSCF already, or identity FCRS)."""
@@ -220,7 +224,9 @@ def conv_nhwc(x: np.ndarray, weights: ConvWeights, plan: _Plan, bias: np.ndarray
     elif g == 1 and worth_winograd_nhwc(kernel_shape, geo, x.shape[0], cg, f) and not nchw:
         u = weights.winograd
         return winograd_nhwc(x, u, geo, bias)
-    elif g == 1 and worth_taps(kernel_shape, geo, cg, f) and not nchw:
+    elif g == 1 and worth_taps(kernel_shape, geo, cg, f):
+        if nchw:  # the products of NCHW rows, the (few-channel) result moved channels-last
+            return np.moveaxis(conv_taps(x, weights.taps_channels_first, geo, False, bias), 1, -1)
         return conv_taps(x, weights.taps, geo, True, bias)
     elif nchw:
         y = gemm_conv_columns(im2col_nchw(x, geo, g), weights.gemm_channels_first, geo.out_shape)

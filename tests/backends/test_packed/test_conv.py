@@ -119,17 +119,20 @@ def test_rscf_weight_is_the_gemm_operand_without_a_copy(rng):
 
 @pytest.mark.parametrize("f, taps", [(6, True), (7, False)])
 def test_few_output_channels_take_tap_products_instead_of_im2col(packed_check, rng, monkeypatch, f, taps):
-    """At most half as many output channels as input ones (12 -> 6): no column buffer."""
+    """At most half as many output channels as input ones (12 -> 6): no column buffer, from an
+    NHWC or an NCHW input; 7 output channels take im2col."""
     def refuse(*args, **kwargs):
-        raise AssertionError("im2col ran")
+        raise AssertionError("the other way ran")
 
     if taps:
         monkeypatch.setattr(packed_conv, "im2col", refuse)
+        monkeypatch.setattr(packed_conv, "im2col_nchw", refuse)
     else:
         monkeypatch.setattr(packed_conv, "conv_taps", refuse)
     x, w, b = _conv_args(rng, (2, 12, 10, 9), (f, 12, 3, 3))
-    packed_check("Conv", [x, w, b], [NHWC, RSCF, None], [NHWC], {"pads": (1, 2, 0, 1)}, consts=(1, 2),
-                 rtol=1e-4, atol=1e-4, expect_path="native")
+    for x_enc, y_enc in ((NHWC, NHWC), (None, NHWC), (NHWC, None)):
+        packed_check("Conv", [x, w, b], [x_enc, RSCF, None], [y_enc], {"pads": (1, 2, 0, 1)}, consts=(1, 2),
+                     rtol=1e-4, atol=1e-4, expect_path="native")
 
 
 def test_winograd_and_im2col_agree(rng):
