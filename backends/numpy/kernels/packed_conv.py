@@ -30,7 +30,7 @@ import numpy as np
 from ....layout.encoding import PackedEncoding
 from ..registry import KernelSpec, Run, packed_kernel
 from .common import Window, check_dtypes, dense, prod, tap_slices, window_geometry, windows
-from .conv_taps import conv_taps, tap_weights, worth_taps
+from .conv_taps import FEW_OUTPUTS, conv_taps, tap_weights, worth_taps
 from .linalg import wide
 from .packed_winograd import winograd_nhwc, winograd_weight, worth_winograd_nhwc
 
@@ -225,8 +225,10 @@ def conv_nhwc(x: np.ndarray, weights: ConvWeights, plan: _Plan, bias: np.ndarray
         u = weights.winograd
         return winograd_nhwc(x, u, geo, bias)
     elif g == 1 and worth_taps(kernel_shape, geo, cg, f):
-        if nchw:  # the products of NCHW rows, the (few-channel) result moved channels-last
-            return np.moveaxis(conv_taps(x, weights.taps_channels_first, geo, False, bias), 1, -1)
+        if nchw or f <= FEW_OUTPUTS:  # channels-first products, the small result moved channels-last
+            rows = x if nchw else np.moveaxis(x, -1, 1)
+            y = conv_taps(rows, weights.taps_channels_first, geo, False, bias)
+            return np.ascontiguousarray(np.moveaxis(y, 1, -1))
         return conv_taps(x, weights.taps, geo, True, bias)
     elif nchw:
         y = gemm_conv_columns(im2col_nchw(x, geo, g), weights.gemm_channels_first, geo.out_shape)
