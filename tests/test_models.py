@@ -4,7 +4,8 @@
   (the ONNX backend runner's tolerances, rtol=1e-3, atol=1e-7).
 - The same architectures with random weights (`light_model(random_weights=True)`) match
   onnxruntime on fresh random inputs: rtol=1e-3 and atol=1e-5 x the output's max |value|.
-- A generated MLP (MatMul+Add and Gemm forms, symbolic batch) matches onnxruntime.
+- A generated MLP (MatMul+Add and Gemm forms, symbolic batch) and U-Net (each upsampling)
+  match onnxruntime.
 - transformers ResNet-50 and BERT-base exports match onnxruntime (slow: export + 0.5 GB of weights).
 """
 from __future__ import annotations
@@ -117,6 +118,24 @@ def test_mlp_cli_writes_a_checked_model_and_prints_its_path(tmp_path: Path, caps
     onnx.checker.check_model(model, full_check=True)
     assert [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim] == [3, 8]
     assert list(tmp_path.joinpath("sub").iterdir()) == [out]  # no temporary file left behind
+
+
+@pytest.mark.parametrize("upsample", models.UPSAMPLINGS)
+def test_unet_cli_writes_a_model_that_matches_onnxruntime(tmp_path: Path, upsample: str) -> None:
+    out = tmp_path / "unet.onnx"
+    assert models.main(["unet", "--out", str(out), "--upsample", upsample, "--channels", "8", "--size", "10"]) == 0
+    onnx.checker.check_model(onnx.load(out), full_check=True)
+    feeds = {"x": np.random.default_rng(8).standard_normal((2, 3, 10, 10)).astype(np.float32)}
+    outputs = tilefold.compile(tilefold.load(out))(feeds)
+    assert outputs["y"].shape == (2, 4, 10, 10)
+    assert_close_to_scale(outputs, onnxruntime_outputs(out, feeds))
+
+
+def test_unet_refuses_an_odd_size_and_an_unknown_upsampling() -> None:
+    with pytest.raises(ValueError, match="even"):
+        models.unet_model(size=9)
+    with pytest.raises(ValueError, match="unknown upsampling 'area'"):
+        models.unet_model(upsample="area")
 
 
 @pytest.mark.slow
