@@ -3,7 +3,8 @@
 Hypothesis builds small models from the ops that layout propagation moves packs through
 (convolutions of any size and stride, depthwise ones, pools, channel affines, BatchNorm,
 residual adds, Concat and Split on channels, Transpose, Reshape, Flatten, MatMul and Gemm on
-constant weights, batched MatMul, Softmax, LayerNorm, reductions), with awkward sizes and
+constant weights, batched MatMul, Softmax, LayerNorm, reductions, Resize, Gather along one
+axis), with awkward sizes and
 values read by several consumers. Each model runs on the NumPy backend plain and optimized
 for cpu, gpu and gpu with padded tiles (the verifier after every pass), and its optimized
 graphs are written as ONNX in both forms, run by onnxruntime and read back; a gpu graph also
@@ -307,10 +308,22 @@ def _resize(b: Builder, x: str, draw) -> str:
     return b.node("Resize", [x, "", b.const(np.array([1, 1, scale, scale], np.float32))], out, mode=mode, **attrs)
 
 
+def _gather(b: Builder, x: str, draw) -> str:
+    """A Gather along one axis by a 1-D constant index (repeats and negative indices: torch's
+    nearest upsampling, index_select, a channel shuffle)."""
+    shape = b.shapes[x]
+    axis = draw(st.integers(0, len(shape) - 1))
+    n = shape[axis]
+    count = draw(st.integers(1, min(n + 2, 12)))
+    index = [draw(st.integers(-n, n - 1)) for _ in range(count)]
+    out = (*shape[:axis], count, *shape[axis + 1:])
+    return b.node("Gather", [x, b.const_int(index)], out, axis=axis)
+
+
 IMAGE_OPS = [_conv, _conv, _pool, _channel_affine, _unary, _binary, _concat_split, _transpose, _reshape,
-             _row_op, _slice, _pad, _unsqueeze, _select, _resize]
+             _row_op, _slice, _pad, _unsqueeze, _select, _resize, _gather]
 SEQUENCE_OPS = [_matmul, _matmul, _unary, _binary, _channel_affine, _transpose, _reshape, _row_op, _slice,
-                _unsqueeze, _select]
+                _unsqueeze, _select, _gather]
 
 
 @st.composite
