@@ -16,6 +16,7 @@ import numpy as np
 import scipy.special
 
 from ....graph.errors import UnsupportedOpError, where
+from ....graph.registry import with_defaults
 from ..registry import KernelSpec, Run, kernel
 from .common import as_array, check_dtypes, view_of_first
 
@@ -150,9 +151,12 @@ def _gelu(approximate: str) -> Unary:
     return run
 
 
-def _elu(alpha: float) -> Unary:
+def _elu(alpha: float, inner: float | None = None) -> Unary:
+    """max(0, x) + alpha * expm1(min(0, x)), or with min(0, x) / `inner` in the expm1 (Celu)."""
     def run(x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         negative = np.minimum(x, 0)
+        if inner is not None:
+            negative /= inner
         np.expm1(negative, out=negative)
         negative *= alpha
         y = np.maximum(x, 0, out=out)
@@ -169,20 +173,6 @@ def _selu(alpha: float, gamma: float) -> Unary:
     def run(x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
         y = elu(x, out)
         y *= gamma
-        return y
-
-    return run
-
-
-def _celu(alpha: float) -> Unary:
-    """max(0, x) + min(0, alpha * expm1(x / alpha)), as Elu on x / alpha below zero."""
-    def run(x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-        negative = np.minimum(x, 0)
-        negative /= alpha
-        np.expm1(negative, out=negative)
-        negative *= alpha
-        y = np.maximum(x, 0, out=out)
-        y += negative
         return y
 
     return run
@@ -254,15 +244,15 @@ def _ufunc(fn: np.ufunc) -> Callable[[dict], Unary]:
 
 UNARY: dict[str, Callable[[dict[str, Any]], Unary]] = {
     "Relu": lambda a: _relu,
-    "LeakyRelu": lambda a: _leaky_relu(a.get("alpha", 0.01)),
+    "LeakyRelu": lambda a: _leaky_relu(a["alpha"]),
     "Sigmoid": lambda a: _sigmoid,
-    "HardSigmoid": lambda a: _hard_sigmoid(a.get("alpha", 0.2), a.get("beta", 0.5)),
+    "HardSigmoid": lambda a: _hard_sigmoid(a["alpha"], a["beta"]),
     "HardSwish": lambda a: _hard_swish,
     "Tanh": _ufunc(np.tanh),
     "Erf": lambda a: erf,
-    "Gelu": lambda a: _gelu(a.get("approximate", "none")),
+    "Gelu": lambda a: _gelu(a["approximate"]),
     "Softplus": lambda a: lambda x, out: np.logaddexp(x, 0, out=out),
-    "Elu": lambda a: _elu(a.get("alpha", 1.0)),
+    "Elu": lambda a: _elu(a["alpha"]),
     "Sqrt": _ufunc(np.sqrt),
     "Exp": _ufunc(np.exp),
     "Log": _ufunc(np.log),
@@ -286,14 +276,14 @@ UNARY: dict[str, Callable[[dict[str, Any]], Unary]] = {
     "Atanh": _ufunc(np.arctanh),
     "Softsign": lambda a: _softsign,
     "Mish": lambda a: _mish,
-    "Selu": lambda a: _selu(a.get("alpha", 1.67326319217681884765625), a.get("gamma", 1.05070102214813232421875)),
-    "Celu": lambda a: _celu(a.get("alpha", 1.0)),
-    "ThresholdedRelu": lambda a: _thresholded_relu(a.get("alpha", 1.0)),
-    "Shrink": lambda a: _shrink(a.get("bias", 0.0), a.get("lambd", 0.5)),
+    "Selu": lambda a: _selu(a["alpha"], a["gamma"]),
+    "Celu": lambda a: _elu(a["alpha"], inner=a["alpha"]),  # max(0, x) + min(0, alpha * expm1(x / alpha))
+    "ThresholdedRelu": lambda a: _thresholded_relu(a["alpha"]),
+    "Shrink": lambda a: _shrink(a["bias"], a["lambd"]),
     "Not": _ufunc(np.logical_not),
     "BitwiseNot": _ufunc(np.invert),
     "IsNaN": _ufunc(np.isnan),
-    "IsInf": lambda a: _is_inf(bool(a.get("detect_positive", 1)), bool(a.get("detect_negative", 1))),
+    "IsInf": lambda a: _is_inf(bool(a["detect_positive"]), bool(a["detect_negative"])),
 }
 
 
@@ -301,11 +291,12 @@ def _register_unary(op: str, make: Callable[[dict[str, Any]], Unary]) -> None:
     @kernel(op, inplace=True)
     def build(spec: KernelSpec) -> Run:
         check_dtypes(spec)
-        if op == "Gelu" and spec.attrs.get("approximate", "none") not in ("none", "tanh"):
+        attrs = with_defaults(op, spec.attrs)  # a node built by hand may leave them out
+        if op == "Gelu" and attrs["approximate"] not in ("none", "tanh"):
             raise UnsupportedOpError(
-                f"{where(spec.node)}: Gelu approximate={spec.attrs['approximate']!r} is not 'none' or 'tanh'"
+                f"{where(spec.node)}: Gelu approximate={attrs['approximate']!r} is not 'none' or 'tanh'"
             )
-        fn = make(spec.attrs)
+        fn = make(attrs)
 
         def run(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
             return as_array(fn(x, out))
