@@ -15,7 +15,7 @@ import numpy as np
 from ....graph.ops.linalg import einsum_terms
 from ....graph.ops.shapes import transposed_window, window_attrs
 from ..registry import KernelSpec, Run, kernel
-from .common import check_dtypes, dense, prod, unsupported, window_geometry, windows
+from .common import Window, check_dtypes, dense, prod, unsupported, window_geometry, windows
 from .conv_taps import conv_taps, tap_weights, worth_taps
 from .winograd import weight_transform, winograd_conv
 
@@ -111,11 +111,12 @@ def conv_weight_matrix(w: np.ndarray, groups: int) -> np.ndarray:
 
 
 def conv(x: np.ndarray, wmat: np.ndarray, kernel_shape: tuple[int, ...], attrs: dict[str, Any],
-         bias: np.ndarray | None) -> np.ndarray:
-    """ONNX Conv on NC* input with weights already in GEMM form; a fresh contiguous result."""
+         bias: np.ndarray | None, geo: Window | None = None) -> np.ndarray:
+    """ONNX Conv on NC* input with weights already in GEMM form (and the window geometry, when
+    the caller has it); a fresh contiguous result."""
     groups, per_group, _ = wmat.shape
     n, c = x.shape[:2]
-    geo = window_geometry(attrs, x.shape[2:], kernel_shape)
+    geo = window_geometry(attrs, x.shape[2:], kernel_shape) if geo is None else geo
     pointwise = (
         all(k == 1 for k in kernel_shape) and all(s == 1 for s in geo.strides) and not geo.padded
     )
@@ -193,19 +194,16 @@ def _conv(spec: KernelSpec) -> Run:
             return run(wide(x), w, b).astype(np.float16)
         bias = bias_const if bias_const is not None else b
         kernel_shape = tuple(kernel_attr) if kernel_attr is not None else tuple(w.shape[2:])
-        if winograd:
-            geo = window_geometry(attrs, x.shape[2:], kernel_shape)
-            if _worth_winograd(x, w.shape[0], geo):
-                u = wino_weight if wino_weight is not None else weight_transform(w)
-                pads = (*geo.pads_begin, *geo.pads_end)
-                return winograd_conv(x, u, pads, bias)
-        if groups == 1:
-            geo = window_geometry(attrs, x.shape[2:], kernel_shape)
-            if worth_taps(kernel_shape, geo, x.shape[1], w.shape[0]):
-                taps = taps_weight if taps_weight is not None else _tap_weights(wide(w))
-                return conv_taps(x, taps, geo, False, None if bias is None else wide(bias))
+        geo = window_geometry(attrs, x.shape[2:], kernel_shape)
+        if winograd and _worth_winograd(x, w.shape[0], geo):
+            u = wino_weight if wino_weight is not None else weight_transform(w)
+            pads = (*geo.pads_begin, *geo.pads_end)
+            return winograd_conv(x, u, pads, bias)
+        if groups == 1 and worth_taps(kernel_shape, geo, x.shape[1], w.shape[0]):
+            taps = taps_weight if taps_weight is not None else _tap_weights(wide(w))
+            return conv_taps(x, taps, geo, False, None if bias is None else wide(bias))
         matrix = wmat if wmat is not None else conv_weight_matrix(wide(w), groups)
-        return conv(x, matrix, kernel_shape, attrs, None if bias is None else wide(bias))
+        return conv(x, matrix, kernel_shape, attrs, None if bias is None else wide(bias), geo)
 
     return run
 
