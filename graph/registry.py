@@ -54,6 +54,9 @@ class OpDef:
     broadcasts: bool = False
     """Its operands broadcast NumPy-style (right-aligned) against its result, so layout
     propagation may give a lower-rank constant operand the result's rank to pack it."""
+    tiled_windows: bool = False
+    """Its kernels index its window dims logically (a tile boundary inside a window is an
+    index like any other, padding never read), so layout propagation may tile them."""
     doc: str = ""
 
     def check_arity(self, n: int, node: object) -> None:

@@ -33,7 +33,8 @@ down as it can go, since its consumers come later in the order):
    copy (on the CPU: matmul operands and results whose matrices are row- or column-major).
 
 The mapping through a signature: a permutation of outer dims maps through any op; a tiled
-dim never through a window dim, through a parallel dim whose sizes differ between operands
+dim never through a window dim (but for ops whose kernels index windows logically, LRN),
+through a parallel dim whose sizes differ between operands
 (Concat, Split, Slice, Pad along it) only when every size is whole tiles, and through a
 reduction dim only when the padding is neutral for it (Softmax and LayerNormalization need
 whole tiles). What padding holds is tracked in the encodings' `pad` (layout/padding.py):
@@ -114,7 +115,8 @@ def map_encoding(node: Node, sig: Signature, in_types: Sequence[TensorType | Non
     if src is None or None in src:
         return None
     tiles = {src[d]: t for d, t in enc.tiles().items()}
-    if any(sig.kind(letter) == "window" for letter in tiles):
+    tiled_windows = node.op in REGISTRY and REGISTRY[node.op].tiled_windows
+    if not tiled_windows and any(sig.kind(letter) == "window" for letter in tiles):
         return None
     if not _tiles_line_up(sig, in_types, out_types, tiles):
         return None

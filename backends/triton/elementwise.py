@@ -142,6 +142,28 @@ OPS.update(BOOL)
 OPS.update(COPIES)
 
 
+def _batch_norm(a: list[str], node: Node, consts: list[Any]) -> str | None:
+    """Inference form, as the NumPy kernel computes it: x * s + (bias - mean * s) with
+    s = scale / sqrt(var + epsilon)."""
+    if int(node.attrs.get("training_mode", 0)) or len(a) != 5:
+        return None
+    x, scale, bias, mean, var = a
+    s = f"({scale} / tl.sqrt({var} + {float(node.attrs.get('epsilon', 1e-5))!r}))"
+    return f"{x} * {s} + ({bias} - {mean} * {s})"
+
+
+OPS["BatchNormalization"] = _batch_norm
+
+PER_CHANNEL: dict[str, frozenset[int]] = {"BatchNormalization": frozenset({1, 2, 3, 4})}
+"""Op -> input slots that are vectors along dim 1 of the result (ONNX's per-channel
+operands), not numpy-broadcast ones."""
+
+
+def operand_dims(node: Node, slot: int, rank: int) -> tuple[int, ...] | None:
+    """The result dims an operand spans when it is not numpy-broadcast (None when it is)."""
+    return (1,) if slot in PER_CHANNEL.get(node.op, ()) and rank >= 2 else None
+
+
 def value_ok(t: TensorType | None) -> bool:
     """A static float or bool tensor: what chain kernels load and store."""
     return t is not None and t.is_static and (is_float(t) or t.dtype == np.bool_)
@@ -150,8 +172,8 @@ def value_ok(t: TensorType | None) -> bool:
 def supports(graph: Graph, node: Node) -> bool:
     """Whether the chain template runs `node`: a table op on static float or bool operands
     and result (no integer arithmetic), in a supported variant of its attributes."""
-    if node.op not in OPS or len(node.outputs) != 1:
-        return False
+    if node.op not in OPS or any(graph.users(Value(node.name, k)) for k in range(1, len(node.outputs))):
+        return False  # only the first result is computed (BatchNormalization's running statistics are unread)
     out = node.outputs[0]
     if not value_ok(out):
         return False
@@ -163,6 +185,9 @@ def supports(graph: Graph, node: Node) -> bool:
         integer_cast = node.op == "Cast" and t.is_static and t.dtype.kind in "iu"  # converted once, exactly
         if not ((value_ok(t) or integer_cast) and t.rank <= out.rank):
             return False
+    if node.op in PER_CHANNEL and not all(
+            v is None or graph.type_of(v).rank == 1 for k, v in enumerate(values) if k in PER_CHANNEL[node.op]):
+        return False
     args = ["x"] * len(values)
     consts = [graph.constant_value(v) for v in values]
     return OPS[node.op](args, node, consts) is not None
@@ -180,20 +205,22 @@ class Loader:
         self.mask = mask
         self.params = params
         self.lines: list[str] = []
-        self.names: dict[Value, str] = {}
+        self.names: dict[tuple[Value, tuple[int, ...] | None], str] = {}
 
-    def __call__(self, value: Value) -> str:
+    def __call__(self, value: Value, dims: tuple[int, ...] | None = None) -> str:
+        """The value's element at the current index: broadcast numpy-style, or (`dims`) a
+        tensor spanning just those dims of the result."""
         const = self.graph.constant_value(value)
         if isinstance(const, Splat) and const.dtype.kind in "fb":
             return repr(float(const.value)) if const.dtype.kind == "f" else repr(bool(const.value))
-        if value in self.names:
-            return self.names[value]
+        if (value, dims) in self.names:
+            return self.names[value, dims]
         t = self.graph.type_of(value)
         if value not in self.params:
             self.params.append(value)
         param = f"in{self.params.index(value)}"
         var = f"x{len(self.names)}"
-        index = broadcast_index(t, self.index, self.out_shape)
+        index = broadcast_index(t, self.index, self.out_shape) if dims is None else [self.index[d] for d in dims]
         where = offset(t, index)
         if any(i in self.blocks for i in index if i is not None):
             load = f"tl.load({param} + {where}, mask={self.mask})"
@@ -202,7 +229,7 @@ class Loader:
         if t.dtype.name in ("float16", "bfloat16"):
             load += ".to(tl.float32)"
         self.lines.append(f"{var} = {load}  # {self.graph.value_name(value)}: {t}")
-        self.names[value] = var
+        self.names[value, dims] = var
         return var
 
 
@@ -212,7 +239,9 @@ def emit_chain(graph: Graph, nodes: Sequence[Node], load: Loader, env: dict[Valu
     var = ""
     for k, node in enumerate(nodes):
         values = graph.inputs_of(node.name)
-        args = ["None" if v is None else env[v] if v in env else load(v) for v in values]
+        rank = len(node.outputs[0].shape)
+        args = ["None" if v is None else env[v] if v in env else load(v, operand_dims(node, k, rank))
+                for k, v in enumerate(values)]
         consts = [graph.constant_value(v) for v in values]
         expr = OPS[node.op](args, node, consts)
         assert expr is not None, node

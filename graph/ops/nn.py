@@ -6,7 +6,8 @@ Signatures:
 - LayerNormalization `abc,c,c->abc,ab1,ab1` for axis=-1: the normalized dims are
   reductions; Scale and B broadcast over the normalized dims like elementwise operands.
 - Softmax / LogSoftmax `abc->abc` with the axis dim a reduction.
-- LRN `nchw->nchw` with c a window (each channel reads its neighbours).
+- LRN `nchw->nchw` with c a window (each channel reads its neighbours); its window may be
+  tiled (NCHWc16 on the gpu target): its kernels read the neighbours by logical channel.
 - MaxPool / AveragePool `nchw->nchw` with the spatial dims windows (the output extent
   differs from the input's); MaxPool's Indices output has the result's indexing.
 - GlobalAveragePool / GlobalMaxPool `nchw->nc11` with the spatial dims reductions.
@@ -174,7 +175,7 @@ def _lrn_signature(attrs, types, outs, consts=None):
 
 
 register(OpDef(
-    "LRN", infer=_lrn_infer, signature=_lrn_signature, layout="sensitive",
+    "LRN", infer=_lrn_infer, signature=_lrn_signature, layout="sensitive", tiled_windows=True,
     defaults={"alpha": _f32(1e-4), "beta": 0.75, "bias": 1.0},
     doc="Local response normalization across channels; attrs: size (required).",
 ))

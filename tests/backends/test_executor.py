@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from tilefold.backends.numpy import NumpyExecutable
-from tilefold.graph import Graph, InputError, Splat, TensorType, Value
+from tilefold.graph import Graph, InputError, Splat, TensorType, TilefoldError, Value
 
 F32 = np.dtype("float32")
 RNG = np.random.default_rng(3)
@@ -143,3 +143,25 @@ def test_no_in_place_into_a_later_split_part_while_the_split_input_is_read():
     out = exe({"x": x_val})
     np.testing.assert_allclose(out["exp"], np.exp(x_val), rtol=1e-6)
     np.testing.assert_allclose(out["neg"], -np.exp(x_val[:, 3:]), rtol=1e-6)
+
+
+def test_a_node_with_optional_results_its_kernel_does_not_compute():
+    """BatchNormalization declared with its running statistics (unread): the first result is
+    the whole normalized tensor, not its first row; reading a statistic is a one-line error."""
+    c = 3
+    x = RNG.standard_normal((2, c, 4)).astype(F32)
+    scale, bias, mean = (RNG.standard_normal(c).astype(F32) for _ in range(3))
+    var = RNG.uniform(0.5, 2.0, c).astype(F32)
+
+    def graph(read_stat: bool) -> Graph:
+        g = Graph()
+        vecs = [g.add_constant(a, name=n) for a, n in zip((scale, bias, mean, var), "sbmv")]
+        bn = g.add_node("BatchNormalization", [g.add_input("x", t(2, c, 4)), *vecs], [t(2, c, 4), t(c), t(c)],
+                        {"epsilon": 1e-5}, name="bn")
+        g.add_output(Value(bn.name, 1 if read_stat else 0), "y")
+        return g
+
+    want = (x - mean[:, None]) / np.sqrt(var[:, None] + 1e-5) * scale[:, None] + bias[:, None]
+    np.testing.assert_allclose(NumpyExecutable(graph(False))({"x": x})["y"], want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(TilefoldError, match="bn.*computes 1 of the 3 results"):
+        NumpyExecutable(graph(True))({"x": x})

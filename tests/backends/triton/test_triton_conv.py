@@ -112,3 +112,28 @@ def test_pools_on_nchwc16_fused_with_relu(kit, device, op, attrs):
         want = torch.nn.functional.max_pool2d(torch.from_numpy(x), 3, 2, 1).relu().numpy()
         np.testing.assert_allclose(got["y"], want, rtol=1e-6)
     assert [names for names, _ in kernel_sources(g)][-1] == [op.lower(), "relu", "unpack"]
+
+
+@pytest.mark.parametrize("size", [3, 4, 5])
+@pytest.mark.parametrize("packed", [True, False], ids=["nchw_c16", "plain"])
+def test_lrn_window_crosses_channel_tiles_and_fuses_with_relu(kit, device, size, packed):
+    """AlexNet's LRN: a window of channels read across the 16-channel tiles (18 channels: the
+    last tile is ragged) and past both ends; torch's local_response_norm agrees for odd sizes
+    (it centres even windows one channel lower than ONNX)."""
+    rng = np.random.default_rng(size)
+    x = (rng.standard_normal((2, 18, 5, 4)) * 3).astype(F32)
+    attrs = {"size": size, "alpha": 2e-2, "beta": 0.75, "bias": 1.5}
+    enc = ACT if packed else None
+    g = Graph("lrn")
+    xv = g.add_input("x", TensorType(x.shape, F32))
+    if packed:
+        xv = kit.add(g, "Pack", [xv], {"encoding": ACT}, encoding=ACT)
+    y = kit.add(g, "LRN", [xv], attrs, encoding=None if enc is None else enc.with_pad(None))
+    y = kit.add(g, "Relu", [y], encoding=None if enc is None else enc.with_pad(None))
+    g.add_output(kit.add(g, "Unpack", [y]) if packed else y, "y")
+    got, ref = kit.run_both(g, {"x": x}, device)
+    np.testing.assert_allclose(got["y"], ref["y"], rtol=1e-5, atol=1e-6)
+    if size % 2:
+        want = torch.nn.functional.local_response_norm(torch.from_numpy(x), size, 2e-2, 0.75, 1.5).relu().numpy()
+        np.testing.assert_allclose(got["y"], want, rtol=1e-5, atol=1e-6)
+    assert [names for names, _ in kernel_sources(g)][-1][:2] == ["lrn", "relu"]

@@ -255,3 +255,53 @@ def test_cast_from_integers(kit, device, to, dtype):
     got, want = kit.run_both(g, {"ids": ids}, device)
     np.testing.assert_array_equal(got["y"], ids.astype(dtype))
     np.testing.assert_array_equal(got["y"], want["y"])
+
+
+def _bn_params(rng: np.random.Generator, c: int) -> list[np.ndarray]:
+    """scale, bias, mean, var of a BatchNormalization over c channels (var > 0)."""
+    return [rng.uniform(0.5, 1.5, c).astype(F32), rng.standard_normal(c).astype(F32),
+            rng.standard_normal(c).astype(F32), rng.uniform(0.2, 2.0, c).astype(F32)]
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "nchw_c4"])
+def test_batch_norm_reads_its_vectors_per_channel_and_fuses_with_relu(kit, device, packed):
+    """DenseNet's BatchNormalization after a Concat (nothing to fold it into) runs in the chain,
+    its vectors read at the channel index, plain or tiled like the activation."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((2, 6, 5, 3)).astype(F32)
+    params = _bn_params(rng, 6)
+    enc = PackedEncoding((1,), (4,), (0, 2, 3, 1)) if packed else None
+    vec = PackedEncoding((0,), (4,)) if packed else None
+    g = Graph("bn")
+    xv = g.add_input("x", TensorType(x.shape, F32))
+    if packed:
+        xv = kit.add(g, "Pack", [xv], {"encoding": enc}, encoding=enc)
+    consts = [kit.packed_const(g, p, vec, f"p{k}") if packed else g.add_constant(p, name=f"p{k}")
+              for k, p in enumerate(params)]
+    y = kit.add(g, "BatchNormalization", [xv, *consts], {"epsilon": 1e-3}, encoding=enc)
+    y = kit.add(g, "Relu", [y], encoding=enc)
+    if packed:
+        y = kit.add(g, "Unpack", [y])
+    g.add_output(y, "y")
+    got, want = kit.run_both(g, {"x": x}, device)
+    scale, bias, mean, var = (p.reshape(6, 1, 1) for p in params)
+    exact = np.maximum((x - mean) / np.sqrt(var + 1e-3) * scale + bias, 0)
+    np.testing.assert_allclose(got["y"], want["y"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got["y"], exact, rtol=1e-5, atol=1e-5)
+    assert len([k for k, src in kernel_sources(g) if "tl.store" in src]) == 1
+
+
+def test_batch_norm_as_a_convolution_epilogue(kit, device):
+    """Conv -> BatchNormalization unfolded (a graph not optimized): the vectors are read at
+    the conv kernel's output-channel index."""
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((1, 3, 6, 6)).astype(F32)
+    w = (rng.standard_normal((5, 3, 3, 3)) * 0.3).astype(F32)
+    g = Graph("conv_bn")
+    c = kit.add(g, "Conv", [g.add_input("x", TensorType(x.shape, F32)), g.add_constant(w, name="w")],
+                {"pads": [1, 1, 1, 1]})
+    consts = [g.add_constant(p, name=f"p{k}") for k, p in enumerate(_bn_params(rng, 5))]
+    g.add_output(kit.add(g, "BatchNormalization", [c, *consts]), "y")
+    got, want = kit.run_both(g, {"x": x}, device)
+    np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-5)
+    assert [k for k, src in kernel_sources(g)] == [["conv", "batchnormalization"]]

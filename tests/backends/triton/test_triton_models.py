@@ -7,7 +7,10 @@ import pytest
 
 import tilefold
 from tilefold.backends.triton import TritonExecutable, kernel_sources
+from tilefold.backends.triton.templates import classify
+from tilefold.bench.light import LIGHT_MODELS, light_path
 from tilefold.bench.models import mlp_model, unet_model
+from tilefold.graph.graph import CONSTANT, INPUT, OUTPUT
 
 
 def _models(kit):
@@ -106,3 +109,13 @@ def test_upsampling_unet_on_the_gpu_target_matches_onnxruntime(kit, kind):
     resamplers = [n.name for n in result.graph.nodes() if n.op in ("Resize", "Gather")]
     assert all(result.graph.node(n).outputs[0].encoding is not None for n in resamplers)
     assert [n for n in exe.fallback_nodes if n in resamplers] == (resamplers if kind == "nearest" else [])
+
+
+@pytest.mark.parametrize("name", LIGHT_MODELS)
+def test_light_models_on_the_gpu_target_need_no_host_round_trip(name):
+    """Every compute node of the model-zoo models, optimized for the gpu target, runs in a
+    generated kernel (AlexNet's LRN and DenseNet's BatchNorms after a Concat included): no
+    node falls back to the NumPy backend, which would copy its operands to the host and back."""
+    graph = tilefold.optimize(tilefold.load(light_path(name)), "gpu").graph
+    compute = [n for n in graph.nodes() if n.op not in (CONSTANT, INPUT, OUTPUT)]
+    assert compute and [f"{n.name} ({n.op})" for n in compute if classify(graph, n) == "numpy"] == []
