@@ -29,9 +29,10 @@ def compile_for_cuda(graph: Graph, capability: int) -> int:
         plan = plan_group(graph, group)
         fn = codegen.build(plan.source, plan.name, "cuda")
         consts = plan.constexprs(plan.config)
-        types = [graph.type_of(v) for v in plan.inputs] + [group.nodes[-1].outputs[0]]
+        dtypes = [p.array.dtype.name if isinstance(p, codegen.Table) else graph.type_of(p).dtype.name
+                  for p in plan.params] + [group.nodes[-1].outputs[0].dtype.name]
         pointers = [name for name in fn.arg_names if name not in consts]
-        signature = {name: POINTER_TYPES[t.dtype.name] for name, t in zip(pointers, types)}
+        signature = {name: POINTER_TYPES[dtype] for name, dtype in zip(pointers, dtypes)}
         signature.update({name: "constexpr" for name in consts})
         options = {"num_warps": plan.config.get("num_warps", 4), "num_stages": plan.config.get("num_stages", 2)}
         triton.compile(ASTSource(fn, signature, consts), target=GPUTarget("cuda", capability, 32), options=options)

@@ -9,6 +9,12 @@ interpreter up per kernel instead of through the process-wide `TRITON_INTERPRET`
 Triton's own standard library (`tl.sum`, `tl.max`, ...) was decorated when triton was imported,
 so while an interpreted kernel runs those functions are swapped for interpreted ones, the way
 the interpreter itself patches `triton.language` for the duration of a launch.
+
+A kernel's pointer parameters are its operands (graph Values) and its tables, in the order the
+template appended them (`in0, in1, ...`), then its result (`out0`), then its constexprs. A
+`Table` is a constant array a template works out at generation time (a Resize's source rows and
+weights per output position): it is not a graph Value, so the schedule and the memory plan
+never see it; the executor moves it to the kernel's device once, at compile time.
 """
 from __future__ import annotations
 
@@ -30,19 +36,39 @@ behaviour): equal sources build one kernel, shared by every graph that generates
 HEADER = "import triton\nimport triton.language as tl\n\n\n"
 
 
+TABLE_DTYPES = (np.dtype(np.int32), np.dtype(np.float32))
+
+
+@dataclass(frozen=True, eq=False)
+class Table:
+    """A constant int32 (indices) or float32 (weights) array a kernel reads through a pointer
+    parameter; `name` says what it holds in the generated source. Compared by identity."""
+
+    name: str
+    array: np.ndarray
+
+    def __post_init__(self) -> None:
+        array = np.ascontiguousarray(self.array)
+        if array.dtype not in TABLE_DTYPES:
+            raise ValueError(f"table {self.name!r} is {array.dtype}; tables are int32 or float32")
+        array.setflags(write=False)
+        object.__setattr__(self, "array", array)
+
+
 @dataclass
 class KernelPlan:
     """One generated kernel: its source, the values it reads and writes, and how to launch it.
 
-    `grid(config)` gives the launch grid from the launch configuration, `constexprs(config)`
-    the block sizes passed as `tl.constexpr` arguments; `config` is the group's configuration
-    (launch.config: defaults overridden by the anchor node's `launch`)."""
+    `params` are its pointer parameters before the result, in order: graph Values (`inputs`)
+    and Tables (`tables`). `grid(config)` gives the launch grid from the launch configuration,
+    `constexprs(config)` the block sizes passed as `tl.constexpr` arguments; `config` is the
+    group's configuration (launch.config: defaults overridden by the anchor node's `launch`)."""
 
     name: str
     kind: str
     nodes: list[str]
     source: str
-    inputs: list[Any]
+    params: list[Any]
     outputs: list[Any]
     grid: Callable[[dict[str, Any]], tuple[int, ...]]
     constexprs: Callable[[dict[str, Any]], dict[str, Any]]
@@ -51,6 +77,21 @@ class KernelPlan:
     @property
     def key(self) -> str:
         return hashlib.sha256(self.source.encode()).hexdigest()[:20]
+
+    @property
+    def inputs(self) -> list[Any]:
+        """The graph Values the kernel reads, in parameter order."""
+        return [p for p in self.params if not isinstance(p, Table)]
+
+    @property
+    def tables(self) -> list[Table]:
+        return [p for p in self.params if isinstance(p, Table)]
+
+    def arguments(self, values: list[Any], tables: list[Any]) -> list[Any]:
+        """The pointer arguments before the result: `values` (one per `inputs`) and `tables`
+        (one per `tables`, on the kernel's device) in their parameter slots."""
+        values_left, tables_left = iter(values), iter(tables)
+        return [next(tables_left) if isinstance(p, Table) else next(values_left) for p in self.params]
 
 
 def module_source(body: str) -> str:

@@ -19,6 +19,7 @@ import numpy as np
 
 from ...graph.graph import Graph, Node
 from ...graph.types import Splat, TensorType, Value
+from .codegen import Table
 from .indexing import NAN, broadcast_index, is_float, offset, triton_dtype, unravel
 from .layout_ops import COPIES, HEADS
 
@@ -117,7 +118,7 @@ OPS: dict[str, Expr] = {
     "Clip": _clip,
 }
 """Op -> Triton expression; Pack, Unpack, Identity and Cast come from layout_ops.py, whose
-HEADS (transpose, reshape, gather, pools) may start a chain."""
+HEADS (transpose, reshape, gather, pools, resize, ...) may start a chain."""
 
 
 BOOL = {
@@ -197,7 +198,7 @@ class Loader:
     """Emits one load per operand value at the current logical index, and literal splats."""
 
     def __init__(self, graph: Graph, index: Sequence[str], out_shape: Sequence[int], mask: str,
-                 params: list[Value], blocks: Sequence[str] | None = None) -> None:
+                 params: list[Value | Table], blocks: Sequence[str] | None = None) -> None:
         self.graph = graph
         self.blocks = set(index if blocks is None else blocks)
         self.index = list(index)
@@ -257,15 +258,15 @@ def store_expr(var: str, t: TensorType) -> str:
     return var if t.dtype.name in ("float32", "bool") else f"{var}.to({triton_dtype(t.dtype)})"
 
 
-def chain_kernel(graph: Graph, nodes: Sequence[Node], fn_name: str) -> tuple[str, list[Value]]:
+def chain_kernel(graph: Graph, nodes: Sequence[Node], fn_name: str) -> tuple[str, list[Value | Table]]:
     """Source of a kernel running the chain `nodes` over the logical elements of its result;
-    parameters: one pointer per external operand (returned), then the result's."""
+    parameters: one pointer per external operand or head's table (returned), then the result's."""
     out_t = nodes[-1].outputs[0]
     shape = [int(d) for d in out_t.shape]
     nodes = list(nodes)
     numel = int(np.prod(shape, dtype=np.int64))
     names = [f"i{d}" for d in range(len(shape))]
-    params: list[Value] = []
+    params: list[Value | Table] = []
     load = Loader(graph, names, shape, "mask", params)
     env: dict[Value, str] = {}
     body: list[str] = []

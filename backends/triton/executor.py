@@ -27,6 +27,10 @@ Memory, per Triton device:
 - a view (a plain reshape) is its source's buffer relabelled, as the plan aliases it;
 - constants move to their device once, at compile time, outside the arena, and are never
   written; graph inputs belong to the caller and move to a device on first use (counted);
+- a kernel's tables (codegen.Table: lookup arrays a template works out at generation time, a
+  Resize's source rows and weights) move to its device once, at compile time, outside the
+  arena, and are never written; they are its step's (`Step.tables`), not graph Values, so the
+  schedule and the memory plan never see them, and each launch passes them in their slots;
 - the plan gives every computed value a buffer, also those never materialized: a fused group's
   intermediate results (kept in registers), shapes known at compile time, unread extra
   outputs. Nobody writes those bytes; each lives within its own step, so at worst the arena is
@@ -73,7 +77,7 @@ class Step:
     """One step of the schedule: `run(args)` gives the values `outs` from the values `ins`,
     on `device` (a Triton device's name, or `cpu`: NumPy on the host). `buffers` holds the
     planned arena view of each of `outs` (None where it is not in an arena: host values, views,
-    values known at compile time)."""
+    values known at compile time); `tables` the device copy of each of the kernel's tables."""
 
     group: Group
     run: Callable[..., list[Any]]
@@ -83,6 +87,7 @@ class Step:
     plan: codegen.KernelPlan | None = None
     device: str = HOST
     buffers: list[Any] = field(default_factory=list)
+    tables: list[Any] = field(default_factory=list)
 
 
 def kernel_name(group: Group) -> str:
@@ -358,21 +363,23 @@ class TritonExecutable:
         cfg = plan.config
         grid, consts = plan.grid(cfg), plan.constexprs(cfg)
         warps, stages = int(cfg.get("num_warps", 4)), int(cfg.get("num_stages", 2))
+        tables = [_from_numpy(t.array).to(target.torch_device) for t in plan.tables]
 
         def run(args: list[Any], cfg: dict[str, Any] | None = None) -> list[Any]:
             if pad is not None:
                 out.fill_(pad)  # the arena holds an earlier buffer's bytes: the padding must be the pad value
+            pointers = [*plan.arguments(args, tables), out]
             with target.launching():
                 if cfg is None:
-                    codegen.launch(kernel, target.kind, grid, [*args, out], consts, warps, stages)
+                    codegen.launch(kernel, target.kind, grid, pointers, consts, warps, stages)
                 else:
-                    codegen.launch(kernel, target.kind, plan.grid(cfg), [*args, out], plan.constexprs(cfg),
+                    codegen.launch(kernel, target.kind, plan.grid(cfg), pointers, plan.constexprs(cfg),
                                    int(cfg.get("num_warps", 4)), int(cfg.get("num_stages", 2)))
             return [out]
 
         for v in plan.inputs:
             self._device_const(v, device)
-        return Step(group, run, plan.inputs, plan.outputs, plan=plan, device=device, buffers=[out])
+        return Step(group, run, plan.inputs, plan.outputs, plan=plan, device=device, buffers=[out], tables=tables)
 
     def _numpy_step(self, group: Group, inputs: list[Value | None], device: str, allow_fallback: bool,
                     planned: Mapping[Value, Any]) -> Step:

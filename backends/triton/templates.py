@@ -15,6 +15,7 @@ import numpy as np
 from ...graph.graph import Graph, Node
 from ...graph.types import Value
 from . import conv, elementwise, layout_ops, matmul, reduce
+from .codegen import Table
 from .indexing import next_pow2
 
 Nodes = list[Node]
@@ -24,7 +25,7 @@ Nodes = list[Node]
 class Template:
     kind: str
     supports: Callable[[Graph, Node], bool]
-    kernel: Callable[[Graph, Nodes, str], tuple[str, list[Value]]]
+    kernel: Callable[[Graph, Nodes, str], tuple[str, list["Value | Table"]]]
     grid: Callable[[Graph, Nodes, dict[str, Any]], tuple[int, ...]]
     constexprs: Callable[[dict[str, Any]], dict[str, Any]]
     defaults: Callable[[Graph, Nodes, int], dict[str, Any]]

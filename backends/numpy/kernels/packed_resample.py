@@ -15,6 +15,7 @@ from typing import Callable
 import numpy as np
 
 from ....graph.ops.resize import check_attrs, unchanged
+from ....graph.registry import with_defaults
 from ..registry import KernelSpec, Run, packed_kernel
 from .common import as_array, check_dtypes
 from .packed_layout import as_encoding
@@ -46,7 +47,7 @@ def _resize_packed(spec: KernelSpec) -> Run | None:
     if axis is None:
         return None
     check_dtypes(spec)
-    attrs = {**spec.attrs}
+    attrs = with_defaults("Resize", spec.attrs)
     check_attrs(attrs)
     on_buffer = [dataclasses.replace(r, axis=axis(r.axis)) for r in plan]
     return lambda p, *rest: resize(attrs, p, on_buffer)

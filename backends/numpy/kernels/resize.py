@@ -24,6 +24,7 @@ import numpy as np
 
 from ....graph.errors import VerifyError
 from ....graph.ops.resize import AxisResize, check_attrs, resized_axes, unchanged
+from ....graph.registry import with_defaults
 from ..registry import KernelSpec, Run, kernel
 from .common import check_dtypes, unsupported
 
@@ -156,7 +157,7 @@ def _resize(spec: KernelSpec) -> Run:
     """The plan (extents, scales, roi per axis) is fixed at build time when roi, scales
     and sizes are constants, else worked out per call from their values."""
     check_dtypes(spec)
-    attrs = {**spec.attrs}
+    attrs = with_defaults("Resize", spec.attrs)  # a node built by hand may leave them out
     check_attrs(attrs)
     fixed = static_plan(spec)
 
@@ -177,7 +178,8 @@ def static_plan(spec: KernelSpec) -> list[AxisResize] | None:
     """The plan fixed at build time (static X, constant roi, scales and sizes), or None."""
     static = spec.in_types[0].is_static and all(
         spec.const_array(i) is not None for i in range(1, len(spec.in_types)) if spec.in_types[i] is not None)
-    return resized_axes(spec.attrs, spec.in_types[0].shape, *_optional(spec.const_array, len(spec.in_types))) \
+    attrs = with_defaults("Resize", spec.attrs)
+    return resized_axes(attrs, spec.in_types[0].shape, *_optional(spec.const_array, len(spec.in_types))) \
         if static else None
 
 

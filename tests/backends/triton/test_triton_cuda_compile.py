@@ -1,6 +1,6 @@
 """Every template compiles for a GPU without one: Triton's full pipeline (TTIR, TTGIR, LLVM IR,
 PTX, cubin through the bundled ptxas) for sm_90 and sm_80, from the generated sources of
-small models and of the dtype and op variants (bool chains, float16, pools, gathers). This
+small models and of the dtype and op variants (bool chains, float16, pools, gathers, resizes). This
 catches what the interpreter accepts and the compiler does not."""
 from __future__ import annotations
 
@@ -57,6 +57,13 @@ def _variants(kit) -> Graph:
     steps = g.add_constant(np.array([-2], np.int64), name="steps")
     g.add_output(kit.add(g, "Slice", [x, starts, g.add_constant(np.array([-100], np.int64), name="ends"), axes,
                                       steps]), "sliced")
+    roi = g.add_constant(np.array([0, 0, -0.2, 0, 1, 1, 1.2, 1], np.float32), name="roi")
+    grow = g.add_constant(np.array([1, 1, 1.5, 1.5], np.float32), name="grow")
+    crop = kit.add(g, "Resize", [xp, roi, grow], {"mode": "cubic", "coordinate_transformation_mode":
+                                                  "tf_crop_and_resize", "extrapolation_value": 2.0}, encoding=ACT)
+    g.add_output(kit.add(g, "Unpack", [kit.add(g, "Relu", [crop], encoding=ACT)]), "resized")
+    halves = g.add_constant(np.array([1.5, 0.5], np.float32), name="halves")
+    g.add_output(kit.add(g, "Resize", [h, None, halves], {"mode": "nearest"}), "h_nearest")
     return g
 
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import tilefold
+from tilefold.backends.numpy import NumpyExecutable
 from tilefold.backends.triton import TritonExecutable, kernel_sources
 from tilefold.bench.models import mlp_model
 from tilefold.graph import Graph
@@ -40,30 +41,51 @@ def test_unsupported_node_falls_back_to_numpy_with_counted_transfers(kit, device
     assert [names for names, _ in kernel_sources(g)] == [["mm"], ["relu"]]
 
 
-def _conv_resize_conv(seed: int):
-    """Conv -> Resize (bilinear x2, no Triton template) -> Conv, as a U-Net decoder step."""
+def _conv_resize_conv(seed: int, scales=(1, 1, 2, 2), size: tuple[int, int] = (5, 6), **attrs):
+    """Conv -> Resize (bilinear x2 unless told) -> Conv, as a U-Net decoder step."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)
     inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.3).astype(F32), n)
              for n, s in (("w1", (5, 3, 3, 3)), ("w2", (4, 5, 3, 3)))]
-    inits.append(numpy_helper.from_array(np.array([1, 1, 2, 2], F32), "scales"))
+    inits.append(numpy_helper.from_array(np.array(scales, F32), "scales"))
     nodes = [helper.make_node("Conv", ["x", "w1"], ["a"], pads=[1, 1, 1, 1]),
-             helper.make_node("Resize", ["a", "", "scales"], ["b"], name="up", mode="linear"),
+             helper.make_node("Resize", ["a", "", "scales"], ["b"], name="up", **{"mode": "linear", **attrs}),
              helper.make_node("Conv", ["b", "w2"], ["y"], pads=[1, 1, 1, 1])]
-    graph = helper.make_graph(nodes, "unet_step", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 5, 6])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 10, 12])], initializer=inits)
+    out = [int(np.floor(np.float32(d) * np.float32(s))) for d, s in zip(size, scales[2:])]
+    graph = helper.make_graph(nodes, "unet_step",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, *size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, *out])], initializer=inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
 
 
-def test_resize_between_convolutions_falls_back_to_numpy_and_matches(kit, device):
+def _resize_operand_and_result(g: Graph) -> list:
+    (up,) = [n for n in g.nodes() if n.op == "Resize"]
+    return [g.type_of(g.inputs_of(up.name)[0]), up.outputs[0]]
+
+
+def test_resize_between_convolutions_runs_in_triton_on_their_packed_buffers(kit, device):
     model = _conv_resize_conv(5)
     g = tilefold.optimize(tilefold.load(model), "gpu").graph
+    assert all(t.encoding is not None for t in _resize_operand_and_result(g))
     x = np.random.default_rng(6).standard_normal((1, 3, 5, 6)).astype(F32)
     exe = TritonExecutable(g, device=device)
     kit.assert_close(exe({"x": x}), kit.ort_outputs(model, {"x": x}))
+    assert exe.fallback_nodes == []
+
+
+def test_a_node_falling_back_between_convolutions_reads_and_writes_their_packed_buffers(kit, device):
+    """A cubic antialiased downscale by 0.4 (10 x 10 taps, more than a Triton kernel sums) runs on
+    the NumPy backend, on the NCHWc16 buffers of the convs around it, copied to and from the host."""
+    model = _conv_resize_conv(7, scales=(1, 1, 0.4, 0.4), size=(10, 10), mode="cubic", antialias=1)
+    g = tilefold.optimize(tilefold.load(model), "gpu").graph
+    assert all(t.encoding is not None for t in _resize_operand_and_result(g))
+    x = np.random.default_rng(8).standard_normal((1, 3, 10, 10)).astype(F32)
+    exe = TritonExecutable(g, device=device)
+    kit.assert_close(exe({"x": x}), NumpyExecutable(tilefold.load(model))({"x": x}))
     assert [g.node(name).op for name in exe.fallback_nodes] == ["Resize"]
+    assert exe.transfers == 4  # x in, the conv's result out and the Resize's back, y out
 
 
 def test_node_placed_on_the_host_runs_numpy_behind_transfer_nodes(kit, device):

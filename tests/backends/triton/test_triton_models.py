@@ -9,7 +9,7 @@ import tilefold
 from tilefold.backends.triton import TritonExecutable, kernel_sources
 from tilefold.backends.triton.templates import classify
 from tilefold.bench.light import LIGHT_MODELS, light_path
-from tilefold.bench.models import mlp_model, unet_model
+from tilefold.bench.models import UPSAMPLINGS, mlp_model, unet_model
 from tilefold.graph.graph import CONSTANT, INPUT, OUTPUT
 
 
@@ -96,10 +96,10 @@ def test_resnet50_under_the_interpreter_matches_onnxruntime(kit):
     assert exe.fallback_nodes == []
 
 
-@pytest.mark.parametrize("kind", ["nearest", "gathers"])
+@pytest.mark.parametrize("kind", UPSAMPLINGS)
 def test_upsampling_unet_on_the_gpu_target_matches_onnxruntime(kit, kind):
-    """A Resize between convs runs on the host on NCHWc16 buffers (no Triton template); the
-    Gathers of torch's nearest upsampling run as Triton kernels on them."""
+    """The upsampling between convs (a Resize by scales or sizes, or the Gathers of torch's
+    nearest upsampling) runs as a Triton kernel on their NCHWc16 buffers: nothing falls back."""
     model = unet_model(upsample=kind, channels=16)
     x = np.random.default_rng(13).standard_normal((2, 3, 8, 8)).astype(np.float32)
     want = kit.ort_outputs(model, {"x": x})
@@ -107,8 +107,8 @@ def test_upsampling_unet_on_the_gpu_target_matches_onnxruntime(kit, kind):
     exe = TritonExecutable(result.graph, device="interp")
     kit.assert_close(exe({"x": x}), want, rtol=1e-4, atol=1e-4)
     resamplers = [n.name for n in result.graph.nodes() if n.op in ("Resize", "Gather")]
-    assert all(result.graph.node(n).outputs[0].encoding is not None for n in resamplers)
-    assert [n for n in exe.fallback_nodes if n in resamplers] == (resamplers if kind == "nearest" else [])
+    assert resamplers and all(result.graph.node(n).outputs[0].encoding is not None for n in resamplers)
+    assert exe.fallback_nodes == []
 
 
 @pytest.mark.parametrize("name", LIGHT_MODELS)
