@@ -52,12 +52,33 @@ def _clip(a: list[str], node: Node, consts: list[Any]) -> str:
     return expr
 
 
+def _scalar(const: Any) -> float | None:
+    """The one value of a constant (a splat, or an array of one element), else None."""
+    if isinstance(const, Splat):
+        return float(const.value)
+    if isinstance(const, np.ndarray) and const.size == 1 and const.dtype.kind in "fiu":
+        return float(const.reshape(-1)[0])
+    return None
+
+
 def _pow(a: list[str], node: Node, consts: list[Any]) -> str | None:
-    exponent = consts[1] if len(consts) > 1 else None
-    if not isinstance(exponent, Splat):
+    """x ** e for a constant e (Llama's RMSNorm squares, GPT-2's Gelu cubes): whole powers up
+    to 8 as products, a square root as such, other fractional ones as exp2(e * log2(x)), which gives
+    NaN for a negative base as powf does."""
+    e = _scalar(consts[1]) if len(consts) > 1 else None
+    if e is None:
         return None
-    return {1.0: "{0}", 2.0: "{0} * {0}", 3.0: "{0} * {0} * {0}", 0.5: "tl.sqrt({0})",
-            -1.0: "1.0 / {0}"}.get(float(exponent.value), "").format(a[0]) or None
+    x = a[0]
+    if e == 0.5:
+        return f"tl.sqrt({x})"
+    if e == 0:
+        return f"tl.where({x} == {x}, 1.0, 1.0)"  # 1 for any x, NaN included; a block, not a scalar
+    if e.is_integer():
+        if abs(e) > 8:
+            return None  # a negative base needs the sign of a whole power: left to the NumPy backend
+        product = " * ".join([x] * int(abs(e)))
+        return f"({product})" if e > 0 else f"(1.0 / ({product}))"
+    return f"tl.exp2({e!r} * tl.log2({x}))"
 
 
 def _sum(a: list[str], node: Node, consts: list[Any]) -> str:

@@ -305,3 +305,37 @@ def test_batch_norm_as_a_convolution_epilogue(kit, device):
     got, want = kit.run_both(g, {"x": x}, device)
     np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-5)
     assert [k for k, src in kernel_sources(g)] == [["conv", "batchnormalization"]]
+
+
+@pytest.mark.parametrize("exponent", [2.0, 3.0, -2.0, 0.5, -0.5, 1.5, -0.75, 0.0, 7.0])
+@pytest.mark.parametrize("form", ["splat", "array"])
+def test_pow_by_a_constant_exponent(kit, device, exponent, form):
+    """Llama's RMSNorm squares with a 0-d array exponent (what torch.fx gives), not a splat;
+    whole powers keep a negative base's sign, fractional ones give NaN there like powf."""
+    x = np.random.default_rng(13).standard_normal((6, 11)).astype(F32) * 2
+    x[0, :3] = [0.0, -0.0, np.nan]
+    g = Graph("pow")
+    e = Splat(exponent, (), F32) if form == "splat" else np.array(exponent, F32)
+    y = kit.add(g, "Pow", [g.add_input("x", TensorType(x.shape, F32)), g.add_constant(e, name="e")])
+    g.add_output(y, "y")
+    got, want = kit.run_both(g, {"x": x}, device)
+    with np.errstate(all="ignore"):
+        exact = np.power(x.astype(np.float64), exponent).astype(F32)
+    np.testing.assert_allclose(got["y"], want["y"], rtol=2e-6, atol=0)
+    np.testing.assert_allclose(got["y"], exact, rtol=2e-6, atol=0)
+
+
+def test_pow_by_a_large_whole_or_a_computed_exponent_stays_on_numpy(kit, device):
+    g = Graph("pow")
+    x = g.add_input("x", TensorType((4, 5), F32))
+    big = kit.add(g, "Pow", [x, g.add_constant(np.array(11.0, F32), name="eleven")], name="big")
+    varying = kit.add(g, "Pow", [x, g.add_input("e", TensorType((4, 5), F32))], name="varying")
+    g.add_output(big, "a")
+    g.add_output(varying, "b")
+    rng = np.random.default_rng(14)
+    feeds = {"x": rng.standard_normal((4, 5)).astype(F32), "e": rng.integers(-3, 4, (4, 5)).astype(F32)}
+    exe = TritonExecutable(g, device=device)
+    got = exe(feeds)
+    assert sorted(exe.fallback_nodes) == ["big", "varying"]
+    np.testing.assert_allclose(got["a"], feeds["x"] ** 11, rtol=1e-6)
+    np.testing.assert_allclose(got["b"], feeds["x"] ** feeds["e"], rtol=1e-6)
