@@ -11,10 +11,11 @@ so while an interpreted kernel runs those functions are swapped for interpreted 
 the interpreter itself patches `triton.language` for the duration of a launch.
 
 A kernel's pointer parameters are its operands (graph Values) and its tables, in the order the
-template appended them (`in0, in1, ...`), then its result (`out0`), then its constexprs. A
-`Table` is a constant array a template works out at generation time (a Resize's source rows and
-weights per output position): it is not a graph Value, so the schedule and the memory plan
-never see it; the executor moves it to the kernel's device once, at compile time.
+template appended them (`in0, in1, ...`), then its results (`out0`; `out0, out1, ...` for a
+kernel that writes several, a Split), then its constexprs. A `Table` is a constant array a
+template works out at generation time (a Resize's source rows and weights per output
+position): it is not a graph Value, so the schedule and the memory plan never see it; the
+executor moves it to the kernel's device once, at compile time.
 """
 from __future__ import annotations
 
@@ -59,10 +60,11 @@ class Table:
 class KernelPlan:
     """One generated kernel: its source, the values it reads and writes, and how to launch it.
 
-    `params` are its pointer parameters before the result, in order: graph Values (`inputs`)
-    and Tables (`tables`). `grid(config)` gives the launch grid from the launch configuration,
-    `constexprs(config)` the block sizes passed as `tl.constexpr` arguments; `config` is the
-    group's configuration (launch.config: defaults overridden by the anchor node's `launch`)."""
+    `params` are its pointer parameters before the results, in order: graph Values (`inputs`)
+    and Tables (`tables`); `outputs` the Values it writes, one per result pointer, in order.
+    `grid(config)` gives the launch grid from the launch configuration, `constexprs(config)`
+    the block sizes passed as `tl.constexpr` arguments; `config` is the group's configuration
+    (launch.config: defaults overridden by the anchor node's `launch`)."""
 
     name: str
     kind: str
@@ -88,7 +90,7 @@ class KernelPlan:
         return [p for p in self.params if isinstance(p, Table)]
 
     def arguments(self, values: list[Any], tables: list[Any]) -> list[Any]:
-        """The pointer arguments before the result: `values` (one per `inputs`) and `tables`
+        """The pointer arguments before the results: `values` (one per `inputs`) and `tables`
         (one per `tables`, on the kernel's device) in their parameter slots."""
         values_left, tables_left = iter(values), iter(tables)
         return [next(tables_left) if isinstance(p, Table) else next(values_left) for p in self.params]

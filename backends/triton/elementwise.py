@@ -279,13 +279,21 @@ def store_expr(var: str, t: TensorType) -> str:
     return var if t.dtype.name in ("float32", "bool") else f"{var}.to({triton_dtype(t.dtype)})"
 
 
+def block_lines(shape: Sequence[int], names: Sequence[str]) -> list[str]:
+    """Lines giving a program's block of flat indices into a tensor of `shape` (`offs`, in
+    int64 where int32 could overflow), its `mask` of those inside, and the logical index."""
+    numel = int(np.prod(shape, dtype=np.int64))
+    start = "tl.program_id(0) * BLOCK" if numel < 2**31 - 2**20 else "tl.program_id(0).to(tl.int64) * BLOCK"
+    lines = [f"offs = {start} + tl.arange(0, BLOCK)", f"mask = offs < {numel}"]
+    return lines + (unravel("offs", shape, names) if shape else [])
+
+
 def chain_kernel(graph: Graph, nodes: Sequence[Node], fn_name: str) -> tuple[str, list[Value | Table]]:
     """Source of a kernel running the chain `nodes` over the logical elements of its result;
     parameters: one pointer per external operand or head's table (returned), then the result's."""
     out_t = nodes[-1].outputs[0]
     shape = [int(d) for d in out_t.shape]
     nodes = list(nodes)
-    numel = int(np.prod(shape, dtype=np.int64))
     names = [f"i{d}" for d in range(len(shape))]
     params: list[Value | Table] = []
     load = Loader(graph, names, shape, "mask", params)
@@ -300,10 +308,7 @@ def chain_kernel(graph: Graph, nodes: Sequence[Node], fn_name: str) -> tuple[str
     body += more
     var = last or var
     where = offset(out_t, names) if shape else "offs"  # a rank-0 result: lane 0 of a block
-    start = "tl.program_id(0) * BLOCK" if numel < 2**31 - 2**20 else "tl.program_id(0).to(tl.int64) * BLOCK"
-    lines = [f"offs = {start} + tl.arange(0, BLOCK)", f"mask = offs < {numel}"]
-    lines += unravel("offs", shape, names) if shape else []
-    lines += body
+    lines = block_lines(shape, names) + body
     lines.append(f"tl.store(out0 + {where}, {store_expr(var, out_t)}, mask=mask)  # {out_t}")
     args = ", ".join([f"in{i}" for i in range(len(params))] + ["out0", "BLOCK: tl.constexpr"])
     source = "@triton.jit\ndef {}({}):\n{}\n".format(fn_name, args, "\n".join("    " + line for line in lines))

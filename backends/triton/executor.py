@@ -22,8 +22,10 @@ Memory, per Triton device:
   from its encoding (padding included). The plan follows this executable's schedule (a fused
   group reads its operands and writes its result at one step) and its views, so lifetimes are
   what the kernels really do. The arena is reused by every run: outputs handed back are copies;
-- a padded packed result is filled with its pad value (zero where the padding is unknown)
-  before the kernel writes, so the kernels write logical elements only;
+- a kernel writes one result buffer, or one per output of its node (a Split: the template's
+  `results`), each passed in its pointer slot; a padded packed result is filled with its pad
+  value (zero where the padding is unknown) before the kernel writes, so the kernels write
+  logical elements only;
 - a view (a plain reshape) is its source's buffer relabelled, as the plan aliases it;
 - constants move to their device once, at compile time, outside the arena, and are never
   written; graph inputs belong to the caller and move to a device on first use (counted);
@@ -60,7 +62,7 @@ import numpy as np
 
 from ...graph.errors import InputError, TilefoldError, VerifyError, where
 from ...graph.graph import CONSTANT, INPUT, OUTPUT, Graph, Node
-from ...graph.types import Splat, Value, as_array
+from ...graph.types import Splat, TensorType, Value, as_array
 from ...layout.encoding import unpack
 from ..devices import HOST, parse_device
 from ..plan import MemoryPlan, plan_memory
@@ -105,7 +107,7 @@ def plan_group(graph: Graph, group: Group) -> codegen.KernelPlan:
     source = codegen.module_source(header + body)
     nodes = group.nodes
     return codegen.KernelPlan(
-        name, group.kind, [n.name for n in nodes], source, list(params), [group.output],
+        name, group.kind, [n.name for n in nodes], source, list(params), template.results(nodes),
         grid=lambda cfg: template.grid(graph, nodes, cfg), constexprs=template.constexprs,
         config=launch_config(graph, group))
 
@@ -351,35 +353,34 @@ class TritonExecutable:
         return self._numpy_step(group, inputs, device, allow_fallback, planned)
 
     def _kernel_step(self, group: Group, device: str, planned: Mapping[Value, Any]) -> Step:
+        """A generated kernel's step: its planned result buffers (one per `plan.outputs`, in
+        the order of the kernel's result pointers), each padded packed one filled before a launch."""
         plan = plan_group(self.graph, group)
         target = self.devices[device]
         kernel = codegen.build(plan.source, plan.name, target.kind)
-        out_t = group.nodes[-1].outputs[0]
-        enc = out_t.encoding
-        pad = None
-        if enc is not None and enc.is_padded(tuple(int(d) for d in out_t.shape)):
-            pad = enc.pad if enc.pad is not None else 0
-        out = self._buffer(group.output, device, planned)
+        outs = [self._buffer(v, device, planned) for v in plan.outputs]
+        pads = [(out, _pad_value(self.graph.type_of(v))) for out, v in zip(outs, plan.outputs)]
+        pads = [(out, pad) for out, pad in pads if pad is not None]
         cfg = plan.config
         grid, consts = plan.grid(cfg), plan.constexprs(cfg)
         warps, stages = int(cfg.get("num_warps", 4)), int(cfg.get("num_stages", 2))
         tables = [_from_numpy(t.array).to(target.torch_device) for t in plan.tables]
 
         def run(args: list[Any], cfg: dict[str, Any] | None = None) -> list[Any]:
-            if pad is not None:
+            for out, pad in pads:
                 out.fill_(pad)  # the arena holds an earlier buffer's bytes: the padding must be the pad value
-            pointers = [*plan.arguments(args, tables), out]
+            pointers = [*plan.arguments(args, tables), *outs]
             with target.launching():
                 if cfg is None:
                     codegen.launch(kernel, target.kind, grid, pointers, consts, warps, stages)
                 else:
                     codegen.launch(kernel, target.kind, plan.grid(cfg), pointers, plan.constexprs(cfg),
                                    int(cfg.get("num_warps", 4)), int(cfg.get("num_stages", 2)))
-            return [out]
+            return list(outs)
 
         for v in plan.inputs:
             self._device_const(v, device)
-        return Step(group, run, plan.inputs, plan.outputs, plan=plan, device=device, buffers=[out], tables=tables)
+        return Step(group, run, plan.inputs, plan.outputs, plan=plan, device=device, buffers=outs, tables=tables)
 
     def _numpy_step(self, group: Group, inputs: list[Value | None], device: str, allow_fallback: bool,
                     planned: Mapping[Value, Any]) -> Step:
@@ -516,6 +517,15 @@ class TritonExecutable:
         if (v, step.device) not in moved:  # a host value a kernel reads: moved once per device and run
             moved[v, step.device] = self._to_device(x, step.device)
         return moved[v, step.device]
+
+
+def _pad_value(t: TensorType) -> float | None:
+    """What a kernel's result buffer is filled with before the launch: the pad value (zero
+    where the padding is unknown) of a padded packed result; None for every other."""
+    enc = t.encoding
+    if enc is None or not enc.is_padded(tuple(int(d) for d in t.shape)):
+        return None
+    return enc.pad if enc.pad is not None else 0
 
 
 def _placement(node: Node) -> str | None:

@@ -4,6 +4,9 @@
 placed on the host, `node.device == "cpu"`) runs on the NumPy backend ("numpy"); a plain
 reshape of a plain buffer is a view ("view") and Shape/Size of a static tensor a constant
 computed at compile time ("static"): no kernel at all.
+
+A kernel writes one result, slot 0 of its group's last node, except where its template's
+`results` names more (a Split writes every output slot: split.py).
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ import numpy as np
 
 from ...graph.graph import Graph, Node
 from ...graph.types import Value
-from . import conv, elementwise, layout_ops, matmul, reduce
+from . import conv, elementwise, layout_ops, matmul, reduce, split
 from .codegen import Table
 from .indexing import next_pow2
 
@@ -32,25 +35,35 @@ class Template:
     keys: frozenset[str]
     tiles: Callable[[Graph, Nodes], list] = lambda graph, nodes: []
     check: Callable[[Graph, Nodes, dict[str, Any]], "str | None"] = lambda graph, nodes, config: None
+    results: Callable[[Nodes], list[Value]] = lambda nodes: [Value(nodes[-1].name)]
 
 
 def _numel(nodes: Nodes) -> int:
     return int(np.prod(nodes[-1].outputs[0].shape, dtype=np.int64))
 
 
+def _flat_defaults(numel: int, tile: int) -> dict[str, Any]:
+    """A block of a flat iteration over `numel` elements: a power of two, at least a tile."""
+    return {"BLOCK": min(1024, max(tile, next_pow2(numel))), "num_warps": 4, "num_stages": 1}
+
+
+def _flat_grid(numel: int, config: dict[str, Any]) -> tuple[int, ...]:
+    return (max(1, -(-numel // config["BLOCK"])),)
+
+
 def _chain_defaults(graph: Graph, nodes: Nodes, tile: int) -> dict[str, Any]:
-    return {"BLOCK": min(1024, max(tile, next_pow2(_numel(nodes)))), "num_warps": 4, "num_stages": 1}
+    return _flat_defaults(_numel(nodes), tile)
 
 
 TEMPLATES: dict[str, Template] = {
     "chain": Template(
         "chain", elementwise.supports, elementwise.chain_kernel,
-        grid=lambda graph, nodes, config: (max(1, -(-_numel(nodes) // config["BLOCK"])),),
+        grid=lambda graph, nodes, config: _flat_grid(_numel(nodes), config),
         constexprs=lambda config: {"BLOCK": config["BLOCK"]},
         defaults=_chain_defaults, keys=frozenset({"BLOCK", "num_warps", "num_stages"})),
     "movement": Template(
         "movement", layout_ops.supports_head, elementwise.chain_kernel,
-        grid=lambda graph, nodes, config: (max(1, -(-_numel(nodes) // config["BLOCK"])),),
+        grid=lambda graph, nodes, config: _flat_grid(_numel(nodes), config),
         constexprs=lambda config: {"BLOCK": config["BLOCK"]},
         defaults=_chain_defaults, keys=frozenset({"BLOCK", "num_warps", "num_stages"})),
     "matmul": Template(
@@ -65,6 +78,12 @@ TEMPLATES: dict[str, Template] = {
         "reduce", reduce.supports, reduce.kernel, reduce.grid,
         constexprs=lambda config: {"BLOCK": config["BLOCK"]}, defaults=reduce.defaults,
         keys=frozenset({"BLOCK", "num_warps", "num_stages"}), check=reduce.check),
+    "split": Template(
+        "split", split.supports, split.kernel,
+        grid=lambda graph, nodes, config: _flat_grid(split.numel(graph, nodes), config),
+        constexprs=lambda config: {"BLOCK": config["BLOCK"]},
+        defaults=lambda graph, nodes, tile: _flat_defaults(split.numel(graph, nodes), tile),
+        keys=frozenset({"BLOCK", "num_warps", "num_stages"}), results=split.results),
 }
 
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
@@ -102,7 +121,7 @@ RULES: list[tuple[str, Callable[[Graph, Node], bool]]] = [
     ("transfer", lambda graph, node: node.op == "Transfer"),
     ("static", lambda graph, node: static_result(graph, node) is not None),
     ("view", _plain_view),
-    *((kind, TEMPLATES[kind].supports) for kind in ("matmul", "conv", "reduce", "chain", "movement")),
+    *((kind, TEMPLATES[kind].supports) for kind in ("matmul", "conv", "reduce", "chain", "movement", "split")),
 ]
 """Which kernel runs a node: the first rule that holds (else the NumPy backend)."""
 
@@ -124,4 +143,5 @@ def supported_ops() -> frozenset[str]:
     from .reduce import REDUCE_OPS
 
     return frozenset({*elementwise.OPS, *layout_ops.HEADS, *VIEW_OPS, "MatMul", "Gemm", "Conv", "Softmax",
-                      "LogSoftmax", "LayerNormalization", "GlobalAveragePool", *REDUCE_OPS, "Transfer", "Shape", "Size"})
+                      "LogSoftmax", "LayerNormalization", "GlobalAveragePool", *REDUCE_OPS, "Split", "Transfer", "Shape",
+                      "Size"})

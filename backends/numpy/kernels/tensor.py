@@ -142,6 +142,15 @@ def _slice(spec: KernelSpec) -> Run:
     return run
 
 
+def split_sizes(length: int, count: int, given: Sequence[int] | None) -> list[int]:
+    """The part sizes of a Split of a dim of `length`: the `split` input's values where it is
+    `given`, else `count` equal parts, the last one smaller when the dim does not divide."""
+    if given is not None:
+        return [int(s) for s in given]
+    part = -(-length // count)
+    return [min(part, max(length - part * i, 0)) for i in range(count)]
+
+
 @kernel("Split", views=True)
 def _split(spec: KernelSpec) -> Run:
     check_dtypes(spec)
@@ -152,11 +161,8 @@ def _split(spec: KernelSpec) -> Run:
 
     def run(x: np.ndarray, split: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
         axis = axis_attr % x.ndim
-        if present:
-            sizes = fixed if fixed is not None else _ints(split)
-        else:  # equal parts, the last one smaller when the dim does not divide
-            part = -(-x.shape[axis] // count)
-            sizes = [min(part, max(x.shape[axis] - part * i, 0)) for i in range(count)]
+        given = (fixed if fixed is not None else _ints(split)) if present else None
+        sizes = split_sizes(x.shape[axis], count, given)
         parts = np.split(view_of_first(x, split), np.cumsum(sizes)[:-1], axis=axis)
         return parts[0] if single else tuple(parts)
 

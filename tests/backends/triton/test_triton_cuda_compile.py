@@ -1,6 +1,7 @@
 """Every template compiles for a GPU without one: Triton's full pipeline (TTIR, TTGIR, LLVM IR,
 PTX, cubin through the bundled ptxas) for sm_90 and sm_80, from the generated sources of
-small models and of the dtype and op variants (bool chains, float16, pools, gathers, resizes). This
+small models and of the dtype and op variants (bool chains, float16, pools, gathers, resizes,
+splits into several results). This
 catches what the interpreter accepts and the compiler does not."""
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import tilefold
 from tilefold.backends.triton.aot import compile_for_cuda
 from tilefold.bench.models import mlp_model
 from tilefold.graph import Graph
-from tilefold.graph.types import Splat, TensorType
+from tilefold.graph.types import Splat, TensorType, Value
 from tilefold.layout.encoding import PackedEncoding
 
 ACT = PackedEncoding((1,), (16,))
@@ -64,6 +65,11 @@ def _variants(kit) -> Graph:
     g.add_output(kit.add(g, "Unpack", [kit.add(g, "Relu", [crop], encoding=ACT)]), "resized")
     halves = g.add_constant(np.array([1.5, 0.5], np.float32), name="halves")
     g.add_output(kit.add(g, "Resize", [h, None, halves], {"mode": "nearest"}), "h_nearest")
+    parts = kit.add(g, "Split", [x, g.add_constant(np.array([5, 0, 13], np.int64), name="sizes")], {"axis": 1})
+    g.add_output(parts, "part0")
+    g.add_output(Value(parts.node, 2), "part2")
+    bits = kit.add(g, "Split", [keep], {"axis": -1, "num_outputs": 3})
+    g.add_output(Value(bits.node, 1), "bits1")
     return g
 
 
