@@ -208,7 +208,8 @@ def _conformance_cases() -> list:
 
     with warnings.catch_warnings():  # building other ops' cases overflows casts on purpose
         warnings.simplefilter("ignore", RuntimeWarning)
-        return collect_testcases("Resize") + collect_testcases("Upsample")
+        cases = collect_testcases()  # its op filter does nothing once another test has collected every case
+    return [case for case in cases if {n.op_type for n in case.model.graph.node} & {"Resize", "Upsample"}]
 
 
 def _with_constant_operands(model: onnx.ModelProto, inputs: list) -> onnx.ModelProto:
