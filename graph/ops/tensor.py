@@ -454,6 +454,18 @@ def _pad_infer(attrs, types, consts):
     return [TensorType(tuple(shape), data.dtype)]
 
 
+def pad_widths(rank: int, pads: Sequence[int], axes: Sequence[int] | None) -> list[tuple[int, int]]:
+    """Pad's (begin, end) amount for every dim of a rank-`rank` tensor, from its `pads`
+    ([begin..., end...] per padded axis) and `axes` (None or empty: every dim)."""
+    chosen = norm_axes(list(axes) if axes else list(range(rank)), rank, "Pad")
+    if len(pads) != 2 * len(chosen):
+        raise VerifyError(f"Pad: pads {list(pads)} must hold 2 values per padded axis (axes {chosen})")
+    widths = [(0, 0)] * rank
+    for i, axis in enumerate(chosen):
+        widths[axis] = (int(pads[i]), int(pads[i + len(chosen)]))
+    return widths
+
+
 def _pad_signature(attrs, types, outs, consts=None):
     sig = _same_letters(types, outs, [0])
     value = _input(types, 2)

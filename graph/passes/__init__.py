@@ -2,10 +2,11 @@
 from .cse import cse
 from .dce import dce
 from .fold import constant_folding, fold_batchnorm
+from .pads import fold_pads
 from .pipeline import Pass, PassResult, PipelineLog, graph_pass, run_passes, simplify
 from .transposes import compose_transposes
 
 __all__ = [
     "Pass", "PassResult", "PipelineLog", "compose_transposes", "constant_folding", "cse", "dce", "fold_batchnorm",
-    "graph_pass", "run_passes", "simplify",
+    "fold_pads", "graph_pass", "run_passes", "simplify",
 ]

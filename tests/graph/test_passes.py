@@ -10,8 +10,8 @@ import tilefold
 from tilefold.backends.numpy import evaluate_node
 from tilefold.frontends.onnx import load_onnx
 from tilefold.graph import Graph, Splat, TensorType, Value
-from tilefold.graph.passes import (compose_transposes, constant_folding, cse, dce, fold_batchnorm, run_passes,
-                                   simplify)
+from tilefold.graph.passes import (compose_transposes, constant_folding, cse, dce, fold_batchnorm, fold_pads,
+                                   run_passes, simplify)
 from tilefold.graph.verify import verify_graph
 
 RNG = np.random.default_rng(7)
@@ -194,3 +194,64 @@ def test_chained_transposes_compose_into_one_or_none(perms, left):
     assert g.op_counts().get("Transpose", 0) == left
     x = RNG.standard_normal((2, 3, 4, 5)).astype(np.float32)
     np.testing.assert_array_equal(tilefold.compile(g)({"x": x})["y"], ort_run(model, {"x": x})[0])
+
+
+def _pad_conv_model(pads, mode="constant", fill=None, conv_pads=(1, 0, 0, 1), second_reader=False):
+    """x -> Pad(pads, mode, fill) -> Conv(3x3, conv_pads) [and Relu of the Pad] -> outputs."""
+    inits = [("pads", np.array(pads, np.int64)), ("w", RNG.standard_normal((4, 3, 3, 3)).astype(np.float32))]
+    pad_inputs = ["x", "pads"]
+    if fill is not None:
+        inits.append(("fill", np.array(fill, np.float32)))
+        pad_inputs.append("fill")
+    nodes = [helper.make_node("Pad", pad_inputs, ["p"], mode=mode),
+             helper.make_node("Conv", ["p", "w"], ["y"], pads=list(conv_pads))]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, list("nchw"))]
+    if second_reader:
+        nodes.append(helper.make_node("Relu", ["p"], ["r"]))
+        outputs.append(helper.make_tensor_value_info("r", TensorProto.FLOAT, list("nchw")))
+    return make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 6, 7])], outputs, inits)
+
+
+@pytest.mark.parametrize("fill", [None, 0.0])
+def test_a_zero_pad_of_the_spatial_dims_becomes_the_convs_padding(fill):
+    """TensorFlow-style "same" padding (Pad -> Conv, MobileNetV2 and EfficientNet through
+    torch.fx): the Conv reads the Pad's input with its pads grown; no Pad is left."""
+    model = _pad_conv_model([0, 0, 1, 0, 0, 0, 0, 2], fill=fill)
+    g = simplify(load_onnx(model), evaluate_node, verify=True)
+    assert "Pad" not in g.op_counts()
+    (conv,) = [n for n in g.nodes() if n.op == "Conv"]
+    assert list(conv.attrs["pads"]) == [2, 0, 0, 3]
+    x = RNG.standard_normal((2, 3, 6, 7)).astype(np.float32)
+    np.testing.assert_allclose(tilefold.compile(g)({"x": x})["y"], ort_run(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["channels", "fill", "reflect", "crop"])
+def test_pads_that_are_not_a_convs_zero_padding_stay(case):
+    pads = {"channels": [0, 1, 1, 0, 0, 0, 1, 0], "crop": [0, 0, -1, 0, 0, 0, 1, 0]}.get(case, [0, 0, 1, 1, 0, 0, 1, 1])
+    model = _pad_conv_model(pads, mode="reflect" if case == "reflect" else "constant",
+                            fill=0.5 if case == "fill" else None)
+    if case == "channels":  # the Conv then reads 4 channels
+        model.graph.initializer[1].CopyFrom(numpy_helper.from_array(RNG.standard_normal((4, 4, 3, 3)).astype(np.float32), "w"))
+    g = simplify(load_onnx(model), evaluate_node, verify=True)
+    assert g.op_counts()["Pad"] == 1
+    x = RNG.standard_normal((2, 3, 6, 7)).astype(np.float32)
+    np.testing.assert_allclose(tilefold.compile(g)({"x": x})["y"], ort_run(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_pad_read_by_something_else_too_stays_for_that_reader_only():
+    model = _pad_conv_model([0, 0, 1, 1, 0, 0, 1, 1], second_reader=True)
+    g = simplify(load_onnx(model), evaluate_node, verify=True)
+    (pad,) = [n for n in g.nodes() if n.op == "Pad"]
+    assert [g.node(name).op for name, _ in g.users(Value(pad.name))] == ["Relu"]
+    x = RNG.standard_normal((2, 3, 6, 7)).astype(np.float32)
+    got, want = tilefold.compile(g)({"x": x}), ort_run(model, {"x": x})
+    np.testing.assert_allclose(got["y"], want[0], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(got["r"], want[1])
+
+
+def test_an_empty_pad_is_bypassed_and_fold_pads_says_so():
+    model = _pad_conv_model([0] * 8, mode="reflect")
+    g = load_onnx(model)
+    first = fold_pads(g)
+    assert first.modified and "Pad" not in first.graph.op_counts()
+    assert not fold_pads(first.graph).modified

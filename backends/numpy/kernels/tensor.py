@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ....graph.ops.tensor import pad_widths
 from ..registry import KernelSpec, Run, kernel
 from .common import as_array, check_dtypes, const_ints, norm_axes, prod, unsupported, view_of_first
 
@@ -264,11 +265,7 @@ def _pad(spec: KernelSpec) -> Run:
             axes: np.ndarray | None = None) -> np.ndarray:
         amounts = fixed_pads if fixed_pads is not None else _ints(pads)
         chosen = fixed_axes if fixed_axes is not None else (_ints(axes) if axes is not None else None)
-        chosen = norm_axes(chosen if chosen else range(x.ndim), x.ndim)
-        n = len(chosen)
-        widths = [[0, 0] for _ in range(x.ndim)]
-        for i, axis in enumerate(chosen):
-            widths[axis] = [amounts[i], amounts[i + n]]
+        widths = pad_widths(x.ndim, amounts, chosen)
         grow = [(max(b, 0), max(e, 0)) for b, e in widths]
         options: dict[str, Any] = {}
         if mode == "constant":
