@@ -1,51 +1,104 @@
-"""The convolution template: 2-D Conv as an implicit GEMM, on NCHWc16 or plain operands, with
-a fused epilogue.
+"""The convolution template: 1-D and 2-D Conv as an implicit GEMM, on channel-tiled (NCHWc16,
+NCWc16) or plain operands, with a fused epilogue.
 
-The GEMM: rows are output pixels (n, oh, ow), columns output channels of one group, the sum
-runs over the kernel window (r, s) and the group's input channels in BLOCK_K slices. A row's
-input pixel is (oh * stride - pad + r * dilation, ...), masked to the image, so zero padding
-is never materialized; channels are masked to the group, so the padding of an NCHWc16
-buffer is never read. Each program computes BLOCK_M pixels x BLOCK_N channels; the bias and
-the fused elementwise nodes (BatchNorm's scale and shift, activation, residual add) are
-applied before the one store.
+The GEMM: rows are output pixels (n, oh, ow) -- (n, ow) for a 1-D conv -- columns output
+channels of one group, the sum runs over the kernel window (r, s), or (s), and the group's
+input channels in BLOCK_K slices. A row's input pixel is (oh * stride - pad + r * dilation,
+...), masked to the image (where some tap can leave it), so zero padding is never
+materialized; channels are masked to the
+group, so the padding of a channel-tiled buffer is never read. Each program computes BLOCK_M
+pixels x BLOCK_N channels; the bias and the fused elementwise nodes (BatchNorm's scale and
+shift, activation, residual add) are applied before the one store.
+
+The code is written over a list of spatial dims, so a 1-D conv (Whisper's input stem,
+Wav2Vec2's feature extractor and positional conv) has one window loop and no H index at
+all. The gpu target tiles 2-D convs only, so 1-D ones come plain from `optimize`; a
+channel-tiled 1-D operand is read all the same. 3-D convs are not taken (`supports` is False
+for rank 5: untested here, and no target tiles them); they run on the NumPy backend.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from ...graph.graph import Graph, Node
 from ...graph.types import TensorType, Value
 from .elementwise import Loader, emit_chain, store_expr
-from .indexing import is_float, next_pow2, offset
+from .indexing import is_float, next_pow2, offset, unravel
 
-N_IDX, F_IDX, H_IDX, W_IDX = "pn[:, None]", "rf[None, :]", "poh[:, None]", "pw[:, None]"
+N_IDX, F_IDX = "pn[:, None]", "rf[None, :]"
+SPATIAL_RANKS = frozenset({1, 2})
+"""Numbers of spatial dims the template runs (1-D and 2-D convs)."""
 
 
 def supports(graph: Graph, node: Node) -> bool:
+    """A 1-D or 2-D Conv with explicit padding on static float operands of one dtype."""
     if node.op != "Conv" or node.attrs.get("auto_pad", "NOTSET") != "NOTSET":
         return False
     values = graph.inputs_of(node.name)
     types = [graph.type_of(v) if v is not None else None for v in values]
     x, w = types[0], types[1]
-    if x is None or w is None or x.rank != 4 or w.rank != 4 or not (x.is_static and w.is_static):
+    if x is None or w is None or x.rank - 2 not in SPATIAL_RANKS or w.rank != x.rank:
+        return False
+    if not (x.is_static and w.is_static):
         return False
     out = node.outputs[0]
     bias = types[2] if len(types) > 2 else None
     return out.is_static and is_float(x) and is_float(w) and x.dtype == w.dtype and (bias is None or bias.is_static)
 
 
-def geometry(graph: Graph, node: Node) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Geometry:
+    """A Conv's sizes; spatial tuples hold one entry per spatial dim, outermost first."""
+
+    n: int
+    c: int
+    f: int
+    cg: int
+    group: int
+    size: tuple[int, ...]
+    kernel: tuple[int, ...]
+    out: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    pads: tuple[int, ...]
+    """Padding at the start of each spatial dim (the end's follows from `out`)."""
+
+    @property
+    def fg(self) -> int:
+        return self.f // self.group
+
+    @property
+    def pixels(self) -> int:
+        """Rows of the GEMM: output pixels over the whole batch."""
+        return self.n * int(np.prod(self.out, dtype=np.int64))
+
+    @property
+    def letters(self) -> str:
+        """Names of the spatial dims ("hw" or "w"): `p*` output, `i*` input indices."""
+        return "dhw"[3 - len(self.size):]
+
+    @property
+    def taps(self) -> str:
+        """Names of the kernel window loops ("rs" or "s")."""
+        return "qrs"[3 - len(self.size):]
+
+
+def geometry(graph: Graph, node: Node) -> Geometry:
+    """The sizes of Conv `node`, read from its static operand and result types and attributes."""
     x = graph.type_of(graph.inputs_of(node.name)[0])  # type: ignore[arg-type]
     w = graph.type_of(graph.inputs_of(node.name)[1])  # type: ignore[arg-type]
-    out = node.outputs[0]
-    n, c, h, wd = (int(d) for d in x.shape)
-    f, cg, r, s = (int(d) for d in w.shape)
-    pads = list(node.attrs.get("pads") or (0, 0, 0, 0))
-    return {"n": n, "c": c, "h": h, "w": wd, "f": f, "cg": cg, "r": r, "s": s,
-            "group": int(node.attrs.get("group", 1)), "fg": f // int(node.attrs.get("group", 1)),
-            "oh": int(out.shape[2]), "ow": int(out.shape[3]),
-            "strides": list(node.attrs.get("strides") or (1, 1)),
-            "dilations": list(node.attrs.get("dilations") or (1, 1)), "pads": pads}
+    nd = x.rank - 2
+    group = int(node.attrs.get("group", 1))
+    pads = tuple(int(p) for p in node.attrs.get("pads") or (0,) * (2 * nd))
+    return Geometry(
+        n=int(x.shape[0]), c=int(x.shape[1]), f=int(w.shape[0]), cg=int(w.shape[1]), group=group,
+        size=tuple(int(d) for d in x.shape[2:]), kernel=tuple(int(d) for d in w.shape[2:]),
+        out=tuple(int(d) for d in node.outputs[0].shape[2:]),
+        strides=tuple(int(s) for s in node.attrs.get("strides") or (1,) * nd),
+        dilations=tuple(int(d) for d in node.attrs.get("dilations") or (1,) * nd), pads=pads[:nd])
 
 
 def tiles(graph: Graph, nodes: list[Node]) -> list[tuple[str, TensorType, int, str]]:
@@ -61,48 +114,75 @@ def tiles(graph: Graph, nodes: list[Node]) -> list[tuple[str, TensorType, int, s
 
 def defaults(graph: Graph, nodes: list[Node], tile: int) -> dict[str, Any]:
     g = geometry(graph, nodes[0])
-    pixels = g["n"] * g["oh"] * g["ow"]
-    bm = min(128, max(tile, next_pow2(pixels)))
-    bn = min(128, max(tile, next_pow2(g["fg"])))
-    bk = min(max(tile, next_pow2(g["cg"])), 2 * tile if nodes[0].outputs[0].dtype.itemsize >= 4 else 4 * tile)
+    bm = min(128, max(tile, next_pow2(g.pixels)))
+    bn = min(128, max(tile, next_pow2(g.fg)))
+    bk = min(max(tile, next_pow2(g.cg)), 2 * tile if nodes[0].outputs[0].dtype.itemsize >= 4 else 4 * tile)
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": 8 if bm * bn >= 128 * 128 else 4,
             "num_stages": 3, "input_precision": "ieee"}
 
 
+def _input_index(g: Geometry, d: int) -> str:
+    """Input coordinate along spatial dim `d` of the current output pixel and window tap:
+    p * stride - pad + tap * dilation, with the unit factors and a zero pad left out."""
+    p, tap = f"p{g.letters[d]}", g.taps[d]
+    stride, pad, dilation = g.strides[d], g.pads[d], g.dilations[d]
+    expr = p if stride == 1 else f"{p} * {stride}"
+    expr += f" - {pad}" if pad else ""
+    expr += f" + {tap}" if dilation == 1 else f" + {tap} * {dilation}"
+    return f"({expr})"
+
+
+def _in_image(g: Geometry, d: int) -> list[str]:
+    """Bounds checks of input coordinate `i*` along spatial dim `d`, leaving out those no tap
+    can fail (no padding before; the last output's last tap inside the image)."""
+    i = f"i{g.letters[d]}"
+    checks = [f"({i} >= 0)"] if g.pads[d] else []
+    last = (g.out[d] - 1) * g.strides[d] - g.pads[d] + (g.kernel[d] - 1) * g.dilations[d]
+    return checks + ([f"({i} < {g.size[d]})"] if last >= g.size[d] else [])
+
+
+def _window_loops(g: Geometry) -> tuple[list[str], str]:
+    """Lines opening one loop per kernel dim (each computing its input coordinate) and the
+    row mask of the innermost one; the indentation of the loops' body."""
+    lines: list[str] = []
+    for d, (tap, letter) in enumerate(zip(g.taps, g.letters)):
+        indent = "    " * d
+        lines += [f"{indent}for {tap} in range({g.kernel[d]}):", f"{indent}    i{letter} = {_input_index(g, d)}"]
+    body = "    " * len(g.kernel)
+    checks = [f"(pm < {g.pixels})"] + [c for d in range(len(g.kernel)) for c in _in_image(g, d)]
+    lines.append(f"{body}row_ok = {' & '.join(checks)}")
+    return lines, body
+
+
 def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Value]]:
+    """Source of the implicit-GEMM kernel of Conv `nodes[0]` with its epilogue `nodes[1:]`;
+    parameters: X, W, the bias if any, then the epilogue's operands (returned), the result."""
     node = nodes[0]
     values = graph.inputs_of(node.name)
     x_t, w_t = graph.type_of(values[0]), graph.type_of(values[1])  # type: ignore[arg-type]
     g = geometry(graph, node)
-    (sh, sw), (dh, dw), (pt, pl) = g["strides"], g["dilations"], g["pads"][:2]
-    pixels = g["n"] * g["oh"] * g["ow"]
-    ih = f"(poh * {sh} - {pt} + r * {dh})" if (sh, pt, dh) != (1, 0, 1) else "(poh + r)"
-    iw = f"(pw * {sw} - {pl} + s * {dw})" if (sw, pl, dw) != (1, 0, 1) else "(pw + s)"
-    x_index = [N_IDX, "(cg0 + rc)[None, :]", "ih[:, None]", "iw[:, None]"]
-    w_index = ["rf[None, :]", "rc[:, None]", "r", "s"]
+    x_index = [N_IDX, "(cg0 + rc)[None, :]", *(f"i{letter}[:, None]" for letter in g.letters)]
+    w_index = ["rf[None, :]", "rc[:, None]", *g.taps]
     precision = ", input_precision=PRECISION" if x_t.dtype.name == "float32" else ""
+    window, body = _window_loops(g)
     lines = [
         "pid_m = tl.program_id(0)", "pid_n = tl.program_id(1)", "grp = tl.program_id(2)",
         "pm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
-        f"pn = pm // {g['oh'] * g['ow']}", f"poh = (pm // {g['ow']}) % {g['oh']}", f"pw = pm % {g['ow']}",
-        f"rf = grp * {g['fg']} + pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
-        f"f_ok = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) < {g['fg']}",
-        f"cg0 = grp * {g['cg']}",
+        *unravel("pm", (g.n, *g.out), ["pn", *(f"p{letter}" for letter in g.letters)]),
+        f"rf = grp * {g.fg} + pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
+        f"f_ok = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) < {g.fg}",
+        f"cg0 = grp * {g.cg}",
         "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
-        f"for r in range({g['r']}):",
-        f"    ih = {ih}",
-        f"    for s in range({g['s']}):",
-        f"        iw = {iw}",
-        f"        row_ok = (pm < {pixels}) & (ih >= 0) & (ih < {g['h']}) & (iw >= 0) & (iw < {g['w']})",
-        f"        for c0 in range(0, {g['cg']}, BLOCK_K):",
-        "            rc = c0 + tl.arange(0, BLOCK_K)",
-        f"            c_ok = rc < {g['cg']}",
-        f"            a = tl.load(in0 + {offset(x_t, x_index)}, mask=row_ok[:, None] & c_ok[None, :], other=0.0)"
+        *window,
+        f"{body}for c0 in range(0, {g.cg}, BLOCK_K):",
+        f"{body}    rc = c0 + tl.arange(0, BLOCK_K)",
+        f"{body}    c_ok = rc < {g.cg}",
+        f"{body}    a = tl.load(in0 + {offset(x_t, x_index)}, mask=row_ok[:, None] & c_ok[None, :], other=0.0)"
         f"  # {graph.value_name(values[0])}: {x_t}",  # type: ignore[arg-type]
-        f"            b = tl.load(in1 + {offset(w_t, w_index)}, mask=c_ok[:, None] & f_ok[None, :], other=0.0)"
+        f"{body}    b = tl.load(in1 + {offset(w_t, w_index)}, mask=c_ok[:, None] & f_ok[None, :], other=0.0)"
         f"  # {graph.value_name(values[1])}: {w_t}",  # type: ignore[arg-type]
-        f"            acc += tl.dot(a, b{precision})",
-        f"mask = (pm[:, None] < {pixels}) & f_ok[None, :]",
+        f"{body}    acc += tl.dot(a, b{precision})",
+        f"mask = (pm[:, None] < {g.pixels}) & f_ok[None, :]",
     ]
     params: list[Value] = [values[0], values[1]]  # type: ignore[list-item]
     bias = values[2] if len(values) > 2 else None
@@ -113,10 +193,10 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
         lines.append(f"acc = acc + {load}{'.to(tl.float32)' if b_t.dtype.name != 'float32' else ''}"
                      f"  # {graph.value_name(bias)}: {b_t}")
     out = node.outputs[0]
-    index = [N_IDX, F_IDX, H_IDX, W_IDX]
+    index = [N_IDX, F_IDX, *(f"p{letter}[:, None]" for letter in g.letters)]
     loader = Loader(graph, index, [int(d) for d in out.shape], "mask", params)
-    body, var = emit_chain(graph, nodes[1:], loader, {Value(node.name): "acc"})
-    lines += body
+    chain, var = emit_chain(graph, nodes[1:], loader, {Value(node.name): "acc"})
+    lines += chain
     final = nodes[-1].outputs[0]
     lines.append(f"tl.store(out0 + {offset(final, index)}, {store_expr(var or 'acc', final)}, mask=mask)  # {final}")
     args = [f"in{i}" for i in range(len(params))] + ["out0", "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr",
@@ -127,9 +207,7 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
 
 def grid(graph: Graph, nodes: list[Node], config: dict[str, Any]) -> tuple[int, ...]:
     g = geometry(graph, nodes[0])
-    pixels = g["n"] * g["oh"] * g["ow"]
-    return (-(-pixels // config["BLOCK_M"]), -(-g["fg"] // config["BLOCK_N"]), g["group"])
-
+    return (-(-g.pixels // config["BLOCK_M"]), -(-g.fg // config["BLOCK_N"]), g.group)
 
 
 def constexprs(config: dict[str, Any]) -> dict[str, Any]:
