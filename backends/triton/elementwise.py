@@ -63,8 +63,8 @@ def _scalar(const: Any) -> float | None:
 
 def _pow(a: list[str], node: Node, consts: list[Any]) -> str | None:
     """x ** e for a constant e (Llama's RMSNorm squares, GPT-2's Gelu cubes): whole powers up
-    to 8 as products, a square root as such, other fractional ones as exp2(e * log2(x)), which gives
-    NaN for a negative base as powf does."""
+    to 8 as products, a square root as such, other fractional ones as exp2(e * log2(x)), which
+    gives NaN for a negative base as powf does."""
     e = _scalar(consts[1]) if len(consts) > 1 else None
     if e is None:
         return None
@@ -262,8 +262,8 @@ def emit_chain(graph: Graph, nodes: Sequence[Node], load: Loader, env: dict[Valu
     for k, node in enumerate(nodes):
         values = graph.inputs_of(node.name)
         rank = len(node.outputs[0].shape)
-        args = ["None" if v is None else env[v] if v in env else load(v, operand_dims(node, k, rank))
-                for k, v in enumerate(values)]
+        args = ["None" if v is None else env[v] if v in env else load(v, operand_dims(node, slot, rank))
+                for slot, v in enumerate(values)]
         consts = [graph.constant_value(v) for v in values]
         expr = OPS[node.op](args, node, consts)
         assert expr is not None, node
