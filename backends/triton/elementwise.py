@@ -20,7 +20,7 @@ import numpy as np
 from ...graph.graph import Graph, Node
 from ...graph.types import Splat, TensorType, Value
 from .codegen import Table
-from .indexing import NAN, broadcast_index, is_float, offset, triton_dtype, unravel
+from .indexing import NAN, broadcast_index, is_float, literal, offset, triton_dtype, unravel
 from .layout_ops import COPIES, HEADS
 
 Expr = Callable[[list[str], Node, list[Any]], "str | None"]
@@ -234,7 +234,7 @@ class Loader:
         tensor spanning just those dims of the result."""
         const = self.graph.constant_value(value)
         if isinstance(const, Splat) and const.dtype.kind in "fb":
-            return repr(float(const.value)) if const.dtype.kind == "f" else repr(bool(const.value))
+            return literal(float(const.value)) if const.dtype.kind == "f" else repr(bool(const.value))
         if (value, dims) in self.names:
             return self.names[value, dims]
         t = self.graph.type_of(value)

@@ -11,6 +11,7 @@ contiguously.
 """
 from __future__ import annotations
 
+import math
 import re
 from typing import Sequence
 
@@ -117,6 +118,14 @@ NAN = ", propagate_nan=tl.PropagateNan.ALL"
 """The argument that makes tl.minimum/tl.maximum return NaN for a NaN, as ONNX, NumPy and
 PyTorch have it: by default they may drop it (they do on the GPU, and Triton's interpreter
 changed its answer between versions). Relu and Clip are written with `tl.where`, which keeps it."""
+
+
+def literal(value: float | int | bool) -> str:
+    """A Python scalar as kernel source: NaN and the infinities spelled as float() calls (their
+    repr, `nan` and `inf`, are no names in a kernel)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "float('nan')" if value != value else f"float('{value}')"
+    return repr(value)
 
 
 def is_float(t: TensorType | None) -> bool:

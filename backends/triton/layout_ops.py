@@ -1,6 +1,6 @@
 """Layout and movement ops: Pack, Unpack, Identity and Cast as copies inside a chain, and
 Transpose, Reshape (Flatten, Squeeze, Unsqueeze), Gather, Expand, Slice, Concat, the pools
-(pool.py), LRN (lrn.py) and Resize (resize.py) as chain heads.
+(pool.py), LRN (lrn.py), Resize (resize.py) and Pad (pad.py) as chain heads.
 
 In logical coordinates a Pack or an Unpack is the identity: the chain template
 (elementwise.py) reads the operand through its encoding and writes the result through its
@@ -13,7 +13,8 @@ A head starts a chain by reading its operand at a remapped index of the chain's 
 a Transpose at the permuted index, a Reshape at the same row-major position (so a reshape of a
 packed or permuted buffer is one copy), a Gather at the looked-up index, an Expand at the
 broadcast index, a Slice at start + i * step, a Concat from the operand whose range holds i,
-a Resize at the source indices of its taps (looked up in Tables: codegen.py).
+a Resize at the source indices of its taps (looked up in Tables: codegen.py), a Pad at
+i - before, masked, clamped, reflected or wrapped by its mode.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import numpy as np
 from ...graph.graph import Graph, Node
 from ...graph.ops.tensor import transpose_perm
 from ...graph.types import TensorType, Value
-from . import lrn, pool, resize
+from . import lrn, pad, pool, resize
 from .indexing import broadcast_index, is_float, offset, triton_dtype, unravel
 
 
@@ -158,18 +159,20 @@ def concat_head(graph: Graph, node: Node, names: list[str], params: list[Value])
 
 HEADS = {"Transpose": transpose_head, "Gather": gather_head, "MaxPool": pool.pool_head,
          "AveragePool": pool.pool_head, "LRN": lrn.lrn_head, "Resize": resize.resize_head,
-         "Expand": expand_head, "Slice": slice_head, "Concat": concat_head,
+         "Pad": pad.pad_head, "Expand": expand_head, "Slice": slice_head, "Concat": concat_head,
          **{op: reshape_head for op in RESHAPES}}
 
 
+SUPPORTS = {"MaxPool": pool.supports, "AveragePool": pool.supports, "LRN": lrn.supports,
+            "Resize": resize.supports, "Pad": pad.supports}
+"""Heads with a module of their own, which decides the variants it runs."""
+
+
 def supports_head(graph: Graph, node: Node) -> bool:
-    """A movement op on a static float or bool operand (Gather: integer indices)."""
-    if node.op in ("MaxPool", "AveragePool"):
-        return pool.supports(graph, node)
-    if node.op == "LRN":
-        return lrn.supports(graph, node)
-    if node.op == "Resize":
-        return resize.supports(graph, node)
+    """A movement op on a static float or bool operand (Gather: integer indices), or a variant
+    a head's own module supports."""
+    if node.op in SUPPORTS:
+        return SUPPORTS[node.op](graph, node)
     if node.op not in HEADS or len(node.outputs) != 1:
         return False
     values = graph.inputs_of(node.name)

@@ -5,6 +5,11 @@ One program per row (every index of the kept dims); the row (the reduced dims, f
 one block of BLOCK >= its length, read through the operand's encoding and masked to the
 logical length, so a row over a tiled dim never reads the padding (whose contents are unknown
 after an elementwise op). Statistics are computed in float32.
+
+ReduceMax and ReduceMin also run on bool (ONNX opset 20: any and all; torch's safe-softmax
+guard in transformers' sdpa attention reduces a bool row this way): the row is loaded as 0/1
+integers, masked-off lanes holding the reduction's neutral element (BOOL_NEUTRAL), reduced by
+max or min and stored as bool.
 """
 from __future__ import annotations
 
@@ -21,6 +26,10 @@ MAX_BLOCK = 16384
 """Longest row one block holds; longer rows run on the NumPy backend."""
 
 REDUCE_OPS = {"ReduceMean": "mean", "ReduceSum": "sum", "ReduceMax": "max", "ReduceMin": "min"}
+
+BOOL_NEUTRAL = {"ReduceMax": 0, "ReduceMin": 1}
+"""The reductions ONNX defines on bool, and the value of a lane past the row for each
+(False for any, True for all)."""
 
 
 def axes_of(graph: Graph, node: Node) -> tuple[int, ...] | None:
@@ -44,7 +53,7 @@ def supports(graph: Graph, node: Node) -> bool:
         return False
     values = graph.inputs_of(node.name)
     x = graph.type_of(values[0]) if values and values[0] is not None else None
-    if x is None or not x.is_static or x.rank == 0 or not is_float(x) or not is_float(node.outputs[0]):
+    if x is None or not x.is_static or x.rank == 0 or not _dtypes_ok(node.op, x, node.outputs[0]):
         return False
     if any(graph.users(Value(node.name, k)) for k in range(1, len(node.outputs))):
         return False
@@ -53,6 +62,13 @@ def supports(graph: Graph, node: Node) -> bool:
         return False
     axes = axes_of(graph, node)
     return axes is not None and row_length(graph, node) <= MAX_BLOCK
+
+
+def _dtypes_ok(op: str, x: TensorType, out: TensorType) -> bool:
+    """Float operand and result; or bool ones for the reductions ONNX defines on bool."""
+    if op in BOOL_NEUTRAL and x.dtype == np.bool_:
+        return out.dtype == np.bool_
+    return is_float(x) and is_float(out)
 
 
 def row_length(graph: Graph, node: Node) -> int:
@@ -99,7 +115,12 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
     op = node.op
     other = "-float('inf')" if op in ("Softmax", "LogSoftmax", "ReduceMax") else (
         "float('inf')" if op == "ReduceMin" else "0.0")
-    lines.append(f"x = {_load(values[0], x_t, names, 'in0', other)}  # {graph.value_name(values[0])}: {x_t}")
+    logical = x_t.dtype == np.bool_
+    if logical:
+        load = f"tl.load(in0 + {offset(x_t, names)}, mask=mask, other={BOOL_NEUTRAL[op]}).to(tl.int32)"
+    else:
+        load = _load(values[0], x_t, names, "in0", other)
+    lines.append(f"x = {load}  # {graph.value_name(values[0])}: {x_t}")
     if op in ("Softmax", "LogSoftmax"):
         lines += ["x_max = tl.max(x, axis=0)", "e = tl.exp(x - x_max)", "total = tl.sum(e, axis=0)"]
         lines.append("y = e / total" if op == "Softmax" else "y = x - x_max - tl.log(total)")
@@ -125,8 +146,8 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
         kind = REDUCE_OPS.get(op, "mean")
         reduce = {"mean": f"tl.sum(x, axis=0) / {length}", "sum": "tl.sum(x, axis=0)",
                   "max": "tl.max(x, axis=0)", "min": "tl.min(x, axis=0)"}[kind]
-        lines.append(f"y = {reduce}")
-        if kind in ("max", "min"):  # a NaN in the row is the answer, as in numpy (tl.max skips it)
+        lines.append(f"y = {reduce}" + (" != 0" if logical else ""))
+        if kind in ("max", "min") and not logical:  # a NaN in the row is the answer, as in numpy (tl.max skips it)
             lines.append("y = tl.where(tl.sum((x != x).to(tl.float32), axis=0) > 0, float('nan'), y)")
         keep = bool(node.attrs.get("keepdims", 1))
         store_index = [None if d in axes else names[d] for d in range(len(shape))] if keep else [

@@ -1,8 +1,8 @@
 """Every template compiles for a GPU without one: Triton's full pipeline (TTIR, TTGIR, LLVM IR,
 PTX, cubin through the bundled ptxas) for sm_90 and sm_80, from the generated sources of
 small models and of the dtype and op variants (bool chains, float16, pools, gathers, resizes,
-splits into several results). This
-catches what the interpreter accepts and the compiler does not."""
+splits into several results, pads in every mode, bool reductions). This catches what the
+interpreter accepts and the compiler does not."""
 from __future__ import annotations
 
 import numpy as np
@@ -70,6 +70,18 @@ def _variants(kit) -> Graph:
     g.add_output(Value(parts.node, 2), "part2")
     bits = kit.add(g, "Split", [keep], {"axis": -1, "num_outputs": 3})
     g.add_output(Value(bits.node, 1), "bits1")
+    spatial = g.add_constant(np.array([0, 0, 2, -1, 0, 0, 1, 3], np.int64), name="spatial")
+    nan = g.add_constant(np.array(np.nan, np.float32), name="nan")
+    padded = kit.add(g, "Pad", [xp, spatial, nan], {"mode": "constant"}, encoding=ACT.with_pad(None))
+    g.add_output(kit.add(g, "Unpack", [kit.add(g, "Relu", [padded], encoding=ACT.with_pad(None))]), "padded")
+    g.add_output(kit.add(g, "Pad", [x, spatial], {"mode": "reflect"}), "reflected")
+    g.add_output(kit.add(g, "Pad", [h, g.add_constant(np.array([3, 70], np.int64), name="h_pads"),
+                                    None, g.add_constant(np.array([1], np.int64), name="h_axes")],
+                         {"mode": "wrap"}), "h_wrapped")
+    g.add_output(kit.add(g, "Pad", [keep, spatial], {"mode": "edge"}), "keep_edge")
+    last, middle = (g.add_constant(np.array([a], np.int64), name=f"axis{a}") for a in (-1, 1))
+    g.add_output(kit.add(g, "ReduceMax", [keep, last], {"keepdims": 1}), "any")
+    g.add_output(kit.add(g, "ReduceMin", [keep, middle], {"keepdims": 0}), "all")
     return g
 
 

@@ -166,6 +166,21 @@ def test_bool_ops_mask_a_softmax_like_bert(kit, device):
     np.testing.assert_array_equal(got["y"], want["y"])
 
 
+@pytest.mark.parametrize("fill", [-np.inf, np.inf, np.nan])
+def test_an_infinite_or_nan_splat_is_a_literal_the_kernel_knows(kit, device, fill):
+    """Where(mask, x, -inf), BERT's sdpa attention mask through torch.fx: the splat's repr
+    (`-inf`, `nan`) is no name in a kernel; it is spelled float('-inf')."""
+    x = np.random.default_rng(7).standard_normal((3, 5)).astype(F32)
+    g = Graph("masked_fill")
+    xv = g.add_input("x", TensorType(x.shape, F32))
+    zero = g.add_constant(Splat(0.0, (), F32), name="zero")
+    fill_value = g.add_constant(Splat(fill, (), F32), name="fill")
+    g.add_output(kit.add(g, "Where", [kit.add(g, "Greater", [xv, zero]), xv, fill_value]), "y")
+    got, want = kit.run_both(g, {"x": x}, device)
+    np.testing.assert_array_equal(got["y"], np.where(x > 0, x, F32(fill)))
+    np.testing.assert_array_equal(got["y"], want["y"])
+
+
 def test_reshape_of_a_packed_buffer_is_one_copy_fused_with_what_follows(kit, device):
     rng = np.random.default_rng(7)
     x = rng.standard_normal((3, 17, 20)).astype(F32)

@@ -124,3 +124,89 @@ def test_reduce_over_several_axes_and_global_average_pool_on_nchwc16(kit, device
     np.testing.assert_allclose(got["pooled"], (x + 1).mean(axis=(2, 3), keepdims=True), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got["summed"], (x + 1).sum(axis=(1, 3)), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got["summed"], ref["summed"], rtol=1e-5, atol=1e-5)
+
+
+def _bool_rows(shape, axis: int) -> np.ndarray:
+    """Random bits, with rows along `axis` all False, all True and one True among False."""
+    x = np.random.default_rng(5).random(shape) < 0.5
+    x = np.moveaxis(x, axis, -1).copy()
+    x[0, 0], x[0, 1], x[1, 0] = False, True, False
+    x[1, 0, -1] = True
+    return np.moveaxis(x, -1, axis)
+
+
+@pytest.mark.parametrize("op, fn", [("ReduceMax", np.any), ("ReduceMin", np.all)])
+@pytest.mark.parametrize("axis", [-1, 1])
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_bool_reductions_are_any_and_all(kit, device, op, fn, axis, keepdims):
+    """Rows of 37 (past a power of two: the masked-off lanes must not decide) along the last
+    axis and a middle one."""
+    x = _bool_rows((3, 37, 37), axis)
+    g = Graph(op)
+    v = g.add_input("x", TensorType(x.shape, np.bool_))
+    axes = g.add_constant(np.array([axis], np.int64), name="axes")
+    g.add_output(kit.add(g, op, [v, axes], {"keepdims": keepdims}), "y")
+    got, ref = kit.run_both(g, {"x": x}, device)
+    want = fn(x, axis=axis, keepdims=bool(keepdims))
+    assert got["y"].dtype == np.bool_
+    np.testing.assert_array_equal(got["y"], want)
+    np.testing.assert_array_equal(got["y"], ref["y"])
+    assert want.any() and not want.all()
+
+
+def test_bool_reduction_of_a_packed_operand(kit, device):
+    """Any over a channel axis tiled by 16 (21 channels): the tile's padding is not read."""
+    x = _bool_rows((2, 21, 3, 4), 1)
+    enc = PackedEncoding((1,), (16,))
+    g = Graph("packed_any")
+    p = kit.add(g, "Pack", [g.add_input("x", TensorType(x.shape, np.bool_))], {"encoding": enc}, encoding=enc)
+    p = kit.add(g, "Not", [kit.add(g, "Not", [p], encoding=enc.with_pad(None))], encoding=enc.with_pad(None))
+    axes = g.add_constant(np.array([1], np.int64), name="axes")
+    g.add_output(kit.add(g, "ReduceMin", [p, axes], {"keepdims": 0}), "y")
+    got, ref = kit.run_both(g, {"x": x}, device)
+    np.testing.assert_array_equal(got["y"], x.all(axis=1))
+    np.testing.assert_array_equal(got["y"], ref["y"])
+
+
+def test_bool_sum_stays_on_numpy(kit, device):
+    """ReduceSum is not defined on bool by ONNX: no kernel claims it."""
+    from tilefold.backends.triton import TritonExecutable
+    from tilefold.backends.triton.reduce import supports
+
+    g = Graph("sum")
+    v = g.add_input("x", TensorType((2, 5), np.bool_))
+    axes = g.add_constant(np.array([1], np.int64), name="axes")
+    y = kit.add(g, "ReduceSum", [v, axes], {"keepdims": 0}, name="sum")
+    g.add_output(y, "y")
+    assert not supports(g, g.node("sum"))
+    assert TritonExecutable(g, device=device).fallback_nodes == ["sum"]
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_sdpa_safe_softmax_guard(kit, device, fuse):
+    """torch's safe softmax as transformers' sdpa attention traces it: rows of scores all -inf
+    (fully masked) give 0, not NaN: Equal(s, -inf) -> Not -> ReduceMax (any) -> Not ->
+    Where(., 0, Softmax(s)), bool[1,H,S,S] -> bool[1,H,S,1]; every node in a Triton kernel."""
+    from tilefold.backends.triton import TritonExecutable
+
+    shape = (1, 2, 5, 5)
+    s = np.random.default_rng(6).standard_normal(shape).astype(F32)
+    s[0, 0, 1] = -np.inf
+    s[0, 1, 3, :2] = -np.inf
+    g = Graph("sdpa_guard")
+    scores = g.add_input("s", TensorType(shape, F32))
+    ninf = g.add_constant(np.array(-np.inf, F32), name="ninf")
+    zero = g.add_constant(np.array(0.0, F32), name="zero")
+    axes = g.add_constant(np.array([-1], np.int64), name="axes")
+    masked = kit.add(g, "Equal", [scores, ninf], name="eq")
+    kept = kit.add(g, "Not", [masked], name="kept")
+    any_kept = kit.add(g, "ReduceMax", [kept, axes], {"keepdims": 1}, name="any")
+    all_masked = kit.add(g, "Not", [any_kept], name="all_masked")
+    soft = kit.add(g, "Softmax", [scores], {"axis": -1}, name="softmax")
+    g.add_output(kit.add(g, "Where", [all_masked, zero, soft], name="where"), "p")
+    got, ref = kit.run_both(g, {"s": s}, device, fuse=fuse)
+    np.testing.assert_array_equal(got["p"][0, 0, 1], np.zeros(5, F32))
+    assert np.isfinite(got["p"]).all()
+    np.testing.assert_allclose(got["p"], ref["p"], rtol=1e-6, atol=1e-7)
+    exe = TritonExecutable(g, device=device, fuse=fuse)
+    assert exe.fallback_nodes == [] and any(step.plan is not None and "any" in step.plan.name for step in exe.steps)
