@@ -2,7 +2,9 @@
 where CUDA is present), small ONNX models built with onnx.helper, and a comparison helper."""
 from __future__ import annotations
 
-from typing import Any
+import functools
+import warnings
+from typing import Any, Callable
 
 import numpy as np
 import onnx
@@ -180,6 +182,48 @@ def run_both(g: Graph, feeds: dict[str, np.ndarray], device: str, **options: Any
     return got, NumpyExecutable(g)(feeds)
 
 
+@functools.lru_cache(maxsize=1)
+def _node_cases() -> list:
+    from onnx.backend.test.case.node import collect_testcases
+
+    with warnings.catch_warnings():  # building other ops' cases overflows casts on purpose
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return collect_testcases()  # its op filter does nothing once another test has collected every case
+
+
+def conformance_cases(keep: Callable[[set[str]], bool]) -> list:
+    """The ONNX node conformance cases whose set of node ops `keep` accepts."""
+    return [case for case in _node_cases() if keep({n.op_type for n in case.model.graph.node})]
+
+
+def _with_constant_operands(model: onnx.ModelProto, inputs: list) -> onnx.ModelProto:
+    """`model` with every graph input but the first an initializer holding its data (a Pad's
+    pads, a Resize's scales), so that the Triton templates see constant plans."""
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    for value_info, data in zip(list(fixed.graph.input)[1:], inputs[1:]):
+        fixed.graph.initializer.append(numpy_helper.from_array(np.asarray(data), value_info.name))
+    del fixed.graph.input[1:]
+    return fixed
+
+
+def run_conformance_case(case: Any, device: str) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(Triton's output, the expected one) for each data set of a one-output case, its other
+    inputs made constants; checks that no node fell back to the NumPy backend."""
+    from tilefold.backends.triton import TritonExecutable
+    from tilefold.frontends.onnx import load_onnx
+
+    pairs = []
+    for inputs, outputs in case.data_sets:
+        model = _with_constant_operands(case.model, inputs)
+        exe = TritonExecutable(load_onnx(model), device=device)
+        got = exe({model.graph.input[0].name: np.asarray(inputs[0])})
+        assert exe.fallback_nodes == [], case.name
+        (y,) = got.values()
+        pairs.append((y, np.asarray(outputs[0])))
+    return pairs
+
+
 @pytest.fixture
 def kit():
     """The helpers above, for test modules (test dirs are not packages: no imports between files)."""
@@ -187,4 +231,5 @@ def kit():
 
     return types.SimpleNamespace(add=add, packed_const=packed_const, run_both=run_both, small_cnn=small_cnn,
                                  residual_cnn=residual_cnn, tiny_transformer=tiny_transformer,
-                                 assert_close=assert_close, ort_outputs=ort_outputs)
+                                 assert_close=assert_close, ort_outputs=ort_outputs,
+                                 conformance_cases=conformance_cases, run_conformance_case=run_conformance_case)

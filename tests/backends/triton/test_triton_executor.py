@@ -43,7 +43,6 @@ def test_unsupported_node_falls_back_to_numpy_with_counted_transfers(kit, device
 
 def _conv_resize_conv(seed: int, scales=(1, 1, 2, 2), size: tuple[int, int] = (5, 6), **attrs):
     """Conv -> Resize (bilinear x2 unless told) -> Conv, as a U-Net decoder step."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)

@@ -6,17 +6,12 @@ conformance cases for Pad run in Triton kernels with their pads, constant_value 
 constants."""
 from __future__ import annotations
 
-import functools
-import warnings
-
 import numpy as np
 import onnx
 import pytest
-from onnx import numpy_helper
 
 from tilefold.backends.numpy import NumpyExecutable
 from tilefold.backends.triton import TritonExecutable, kernel_sources
-from tilefold.frontends.onnx import load_onnx
 from tilefold.graph import Graph
 from tilefold.graph.types import Splat, TensorType, Value
 from tilefold.layout.encoding import PackedEncoding
@@ -195,37 +190,12 @@ def test_runtime_pads_and_fill_stay_on_numpy(kit, device):
     assert exe.fallback_nodes == ["pad"]
 
 
-@functools.lru_cache(maxsize=1)
-def _conformance_cases() -> list:
-    from onnx.backend.test.case.node import collect_testcases
-
-    with warnings.catch_warnings():  # building other ops' cases overflows casts on purpose
-        warnings.simplefilter("ignore", RuntimeWarning)
-        cases = collect_testcases()  # its op filter does nothing once another test has collected every case
-    return [case for case in cases if {n.op_type for n in case.model.graph.node} == {"Pad"}]
-
-
-def _with_constant_operands(model: onnx.ModelProto, inputs: list) -> onnx.ModelProto:
-    """`model` with every graph input but the data (pads, constant_value, axes) an initializer."""
-    fixed = onnx.ModelProto()
-    fixed.CopyFrom(model)
-    graph_inputs = list(fixed.graph.input)
-    for value_info, data in zip(graph_inputs[1:], inputs[1:]):
-        fixed.graph.initializer.append(numpy_helper.from_array(np.asarray(data), value_info.name))
-    del fixed.graph.input[1:]
-    return fixed
-
-
-def test_onnx_conformance_cases_run_in_triton_kernels(device):
+def test_onnx_conformance_cases_run_in_triton_kernels(device, kit):
     """Every case shipped with `onnx` whose model is Pad alone (each mode, axes, negative axes)."""
-    cases = _conformance_cases()
+    cases = kit.conformance_cases(lambda ops: ops == {"Pad"})
     assert {c.name for c in cases} >= {"test_constant_pad", "test_edge_pad", "test_reflect_pad", "test_wrap_pad",
                                        "test_constant_pad_axes", "test_constant_pad_negative_axes"}
     for case in cases:
-        for inputs, outputs in case.data_sets:
-            model = _with_constant_operands(case.model, inputs)
-            exe = TritonExecutable(load_onnx(model), device=device)
-            got = exe({model.graph.input[0].name: np.asarray(inputs[0])})
-            assert exe.fallback_nodes == [], case.name
-            (y,) = got.values()
-            np.testing.assert_array_equal(y, np.asarray(outputs[0]), err_msg=case.name)
+        for y, expected in kit.run_conformance_case(case, device):
+            np.testing.assert_array_equal(y, expected, err_msg=case.name)
+

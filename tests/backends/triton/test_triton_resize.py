@@ -7,17 +7,11 @@ conformance cases for Resize run in Triton kernels with their roi, scales and si
 constants."""
 from __future__ import annotations
 
-import functools
-import warnings
-
 import numpy as np
-import onnx
 import pytest
-from onnx import numpy_helper
 
 from tilefold.backends.numpy import NumpyExecutable
 from tilefold.backends.triton import TritonExecutable, kernel_sources
-from tilefold.frontends.onnx import load_onnx
 from tilefold.graph import Graph
 from tilefold.graph.types import TensorType, Value
 from tilefold.layout.encoding import PackedEncoding
@@ -202,37 +196,12 @@ def test_onnx_upsampling_matches_onnxruntime(kit, device, mode):
     assert exe.fallback_nodes == []
 
 
-@functools.lru_cache(maxsize=1)
-def _conformance_cases() -> list:
-    from onnx.backend.test.case.node import collect_testcases
-
-    with warnings.catch_warnings():  # building other ops' cases overflows casts on purpose
-        warnings.simplefilter("ignore", RuntimeWarning)
-        cases = collect_testcases()  # its op filter does nothing once another test has collected every case
-    return [case for case in cases if {n.op_type for n in case.model.graph.node} & {"Resize", "Upsample"}]
-
-
-def _with_constant_operands(model: onnx.ModelProto, inputs: list) -> onnx.ModelProto:
-    """`model` with every graph input but X (roi, scales, sizes) an initializer holding its data."""
-    fixed = onnx.ModelProto()
-    fixed.CopyFrom(model)
-    graph_inputs = list(fixed.graph.input)
-    for value_info, data in zip(graph_inputs[1:], inputs[1:]):
-        fixed.graph.initializer.append(numpy_helper.from_array(np.asarray(data), value_info.name))
-    del fixed.graph.input[1:]
-    return fixed
-
-
-def test_onnx_conformance_cases_run_in_triton_kernels(device):
+def test_onnx_conformance_cases_run_in_triton_kernels(device, kit):
     """Every Resize and Upsample case shipped with `onnx` (all modes, coordinate and rounding
     modes, antialias, axes, aspect-ratio policies, crops with extrapolation), within its tolerance."""
-    cases = _conformance_cases()
+    cases = kit.conformance_cases(lambda ops: bool(ops & {"Resize", "Upsample"}))
     assert len(cases) >= 40
     for case in cases:
-        for inputs, outputs in case.data_sets:
-            model = _with_constant_operands(case.model, inputs)
-            exe = TritonExecutable(load_onnx(model), device=device)
-            got = exe({model.graph.input[0].name: np.asarray(inputs[0])})
-            assert exe.fallback_nodes == [], case.name
-            (y,) = got.values()
-            np.testing.assert_allclose(y, np.asarray(outputs[0]), rtol=case.rtol, atol=case.atol, err_msg=case.name)
+        for y, expected in kit.run_conformance_case(case, device):
+            np.testing.assert_allclose(y, expected, rtol=case.rtol, atol=case.atol, err_msg=case.name)
+
