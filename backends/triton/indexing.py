@@ -120,6 +120,13 @@ PyTorch have it: by default they may drop it (they do on the GPU, and Triton's i
 changed its answer between versions). Relu and Clip are written with `tl.where`, which keeps it."""
 
 
+def parameter(params: list, item: object) -> str:
+    """Append a kernel operand (a graph Value or a codegen.Table) to `params`; the name of its
+    pointer parameter in the generated source (`in0`, `in1`, ...)."""
+    params.append(item)
+    return f"in{len(params) - 1}"
+
+
 def literal(value: float | int | bool) -> str:
     """A Python scalar as kernel source: NaN and the infinities spelled as float() calls (their
     repr, `nan` and `inf`, are no names in a kernel)."""

@@ -26,7 +26,7 @@ from ...graph.graph import Graph, Node
 from ...graph.ops.tensor import transpose_perm
 from ...graph.types import TensorType, Value
 from . import lrn, pad, pool, resize
-from .indexing import broadcast_index, is_float, offset, triton_dtype, unravel
+from .indexing import broadcast_index, is_float, offset, parameter, triton_dtype, unravel
 
 
 def _copy(args: list[str], node: Node, consts: list[Any]) -> str:
@@ -52,9 +52,8 @@ def _load(graph: Graph, value: Value, index: list[str | None], params: list[Valu
           blocks: list[str]) -> str:
     """A load at `index`; masked when the index walks the block (else one scalar per program)."""
     t = graph.type_of(value)
-    params.append(value)
     mask = ", mask=mask" if any(i in blocks for i in index) else ""
-    load = f"tl.load(in{len(params) - 1} + {offset(t, index)}{mask})"
+    load = f"tl.load({parameter(params, value)} + {offset(t, index)}{mask})"
     if t.dtype.name in ("float16", "bfloat16"):
         load += ".to(tl.float32)"
     return f"{load}  # {graph.value_name(value)}: {t}, {note}"
@@ -149,8 +148,7 @@ def concat_head(graph: Graph, node: Node, names: list[str], params: list[Value])
         index: list[str | None] = [f"{names[d]} - {low}" if d == axis and low else names[d] for d in range(len(names))]
         inside = f"({names[axis]} >= {low}) & ({names[axis]} < {low + size})"
         t = graph.type_of(value)
-        params.append(value)
-        load = f"tl.load(in{len(params) - 1} + {offset(t, index)}, mask=mask & {inside})"
+        load = f"tl.load({parameter(params, value)} + {offset(t, index)}, mask=mask & {inside})"
         load += ".to(tl.float32)" if t.dtype.name in ("float16", "bfloat16") else ""
         lines.append(f"x_t = tl.where({inside}, {load}, x_t)  # {graph.value_name(value)}: {t}")
         low += size

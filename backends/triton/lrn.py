@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ...graph.graph import Graph, Node
 from ...graph.types import Value
-from .indexing import is_float, offset
+from .indexing import is_float, offset, parameter
 
 
 def supports(graph: Graph, node: Node) -> bool:
@@ -30,8 +30,7 @@ def lrn_head(graph: Graph, node: Node, names: list[str], params: list[Value]) ->
     alpha, beta, bias = (float(node.attrs.get(k, d)) for k, d in (("alpha", 1e-4), ("beta", 0.75), ("bias", 1.0)))
     before = (size - 1) // 2
     channels = int(t.shape[1])
-    params.append(value)
-    param = f"in{len(params) - 1}"
+    param = parameter(params, value)
     widen = ".to(tl.float32)" if t.dtype.name != "float32" else ""
     tap = [names[0], "cc", *names[2:]]
     return [

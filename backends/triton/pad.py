@@ -19,15 +19,15 @@ integer values are stored as loaded; elementwise nodes after the Pad fuse into i
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
 from ...graph.errors import VerifyError
 from ...graph.graph import Graph, Node
-from ...graph.passes.pads import constant_widths
-from ...graph.types import TensorType, Value, as_array
-from .indexing import is_float, literal, offset
+from ...graph.passes.pads import constant_fill, constant_widths
+from ...graph.types import TensorType, Value
+from .indexing import is_float, literal, offset, parameter
 
 INTEGERS = frozenset({"int32", "int64"})
 """Integer dtypes a Pad copies (no arithmetic: nothing else in a chain computes on them)."""
@@ -72,19 +72,6 @@ def widths(graph: Graph, node: Node) -> list[tuple[int, int]] | None:
         return None
 
 
-def fill(graph: Graph, node: Node) -> Any:
-    """constant_value as a Python scalar of the data's dtype (0 when absent), or None when it is
-    computed at run time."""
-    values = list(graph.inputs_of(node.name)) + [None, None]
-    dtype = graph.type_of(values[0]).dtype  # type: ignore[arg-type]
-    if values[2] is None:
-        return dtype.type(0).item()
-    const = graph.constant_value(values[2])
-    if const is None or as_array(const).size != 1:
-        return None
-    return as_array(const).reshape(-1)[0].astype(dtype).item()
-
-
 def _value_ok(t: TensorType) -> bool:
     return t.is_static and (is_float(t) or t.dtype == np.bool_ or t.dtype.name in INTEGERS)
 
@@ -104,7 +91,7 @@ def supports(graph: Graph, node: Node) -> bool:
     if found is None:
         return False
     if mode == "constant":
-        return fill(graph, node) is not None
+        return constant_fill(graph, node) is not None
     return all(int(n) > 0 for n, (b, e) in zip(t.shape, found) if b > 0 or e > 0)
 
 
@@ -137,11 +124,10 @@ def pad_head(graph: Graph, node: Node, names: list[str], params: list[Value]) ->
         remap, period = rule if n > 1 else MODES["edge"]  # type: ignore[misc]
         lift = -(-max(before, 0) // period(n)) * period(n)
         lines.append(f"j{d} = {remap(f'j{d}', n, lift)}")
-    params.append(value)
-    where = f"in{len(params) - 1} + {offset(t, index)}"
+    where = f"{parameter(params, value)} + {offset(t, index)}"
     wide = ".to(tl.float32)" if t.dtype.name in ("float16", "bfloat16") else ""
     if not inside:
         return lines + [f"x_pad = tl.load({where}, mask=mask){wide}"], "x_pad"
     lines.append(f"inside = {' & '.join(inside)}")
     return lines + [f"x_pad = tl.where(inside, tl.load({where}, mask=mask & inside){wide}, "
-                    f"{literal(fill(graph, node))})"], "x_pad"
+                    f"{literal(constant_fill(graph, node))})"], "x_pad"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ...graph.graph import Graph, Node
 from ...graph.types import Value
-from .indexing import NAN, is_float, offset
+from .indexing import NAN, is_float, offset, parameter
 
 
 def supports(graph: Graph, node: Node) -> bool:
@@ -36,8 +36,7 @@ def pool_head(graph: Graph, node: Node, names: list[str], params: list[Value]) -
     sh, sw = (int(s) for s in node.attrs.get("strides") or (1, 1))
     dh, dw = (int(d) for d in node.attrs.get("dilations") or (1, 1))
     pt, pl = (int(p) for p in (node.attrs.get("pads") or (0, 0, 0, 0))[:2])
-    params.append(value)
-    param = f"in{len(params) - 1}"
+    param = parameter(params, value)
     is_max = node.op == "MaxPool"
     widen = ".to(tl.float32)" if t.dtype.name != "float32" else ""
     n, c, oh, ow = names

@@ -20,7 +20,7 @@ import numpy as np
 from ...graph.graph import Graph, Node
 from ...graph.types import TensorType, Value
 from .elementwise import store_expr
-from .indexing import broadcast_index, is_float, next_pow2, offset, unravel
+from .indexing import broadcast_index, is_float, next_pow2, offset, parameter, unravel
 
 MAX_BLOCK = 16384
 """Longest row one block holds; longer rows run on the NumPy backend."""
@@ -137,9 +137,8 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
             if value is None:
                 continue
             t = graph.type_of(value)
-            params.append(value)
             index = broadcast_index(t, names, shape)
-            lines.append(f"y = y {verb} {_load(value, t, index, f'in{len(params) - 1}', '0.0')}"
+            lines.append(f"y = y {verb} {_load(value, t, index, parameter(params, value), '0.0')}"
                          f"  # {graph.value_name(value)}: {t}")
         store_index = list(names)
     else:

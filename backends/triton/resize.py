@@ -32,7 +32,7 @@ from ...graph.registry import with_defaults
 from ..numpy.kernels.resize import static_plan, taps
 from ..numpy.registry import KernelSpec
 from .codegen import Table
-from .indexing import is_float, offset, physical_shape
+from .indexing import is_float, offset, parameter, physical_shape
 
 MAX_TAPS = 64
 """The most tap combinations one result element may sum (4 x 4 bicubic is 16)."""
@@ -77,14 +77,9 @@ def supports(graph: Graph, node: Node) -> bool:
     return found is not None and math.prod(index.shape[1] for _, index, _, _ in found[1]) <= MAX_TAPS
 
 
-def _param(params: list[Any], item: Any) -> str:
-    params.append(item)
-    return f"in{len(params) - 1}"
-
-
 def _table(params: list[Any], node: Node, what: str, array: np.ndarray) -> tuple[str, str]:
     """A new table parameter: its name in the kernel, and a comment saying what it holds."""
-    param = _param(params, Table(f"{node.name}: {what}", array))
+    param = parameter(params, Table(f"{node.name}: {what}", array))
     return param, f"  # {what}: {array.dtype}[{'x'.join(map(str, array.shape))}]"
 
 
@@ -95,7 +90,7 @@ def resize_head(graph: Graph, node: Node, names: list[str], params: list[Any]) -
     assert value is not None and found is not None
     attrs, axes = found
     t = graph.type_of(value)
-    x = _param(params, value)
+    x = parameter(params, value)
     wide = "" if t.dtype.name == "float32" else ".to(tl.float32)"
     big = int(np.prod(physical_shape(t), dtype=np.int64)) >= 2**31
     index: list[str | None] = list(names)

@@ -9,11 +9,11 @@
 """
 from __future__ import annotations
 
-import numpy as np
+from typing import Any
 
 from ..graph import Graph, Node
 from ..ops.tensor import pad_widths
-from ..types import Splat, Value, as_array
+from ..types import Value, as_array
 from .pipeline import Pass, PassResult
 
 
@@ -28,17 +28,22 @@ def constant_widths(graph: Graph, pad: Node) -> list[tuple[int, int]] | None:
                       None if axes is None else [int(v) for v in as_array(axes).reshape(-1)])
 
 
+def constant_fill(graph: Graph, pad: Node) -> Any:
+    """A Pad's constant_value as a Python scalar of the data's dtype (0 when absent), or None
+    when it is computed at run time or is not one element."""
+    values = graph.inputs_of(pad.name) + [None, None]
+    dtype = graph.type_of(values[0]).dtype  # type: ignore[arg-type]
+    if values[2] is None:
+        return dtype.type(0).item()
+    const = graph.constant_value(values[2])
+    if const is None or as_array(const).size != 1:
+        return None
+    return as_array(const).reshape(-1)[0].astype(dtype).item()
+
+
 def _fills_zeros(graph: Graph, pad: Node) -> bool:
     """A constant-mode Pad whose fill value is absent or zero."""
-    if pad.attrs.get("mode", "constant") != "constant":
-        return False
-    values = graph.inputs_of(pad.name) + [None]
-    if values[2] is None:
-        return True
-    value = graph.constant_value(values[2])
-    if value is None:
-        return False
-    return value.value == 0 if isinstance(value, Splat) else bool(np.all(as_array(value) == 0))
+    return pad.attrs.get("mode", "constant") == "constant" and constant_fill(graph, pad) == 0
 
 
 def _into_conv(graph: Graph, pad: Node, widths: list[tuple[int, int]], conv: Node) -> None:
