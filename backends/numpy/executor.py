@@ -219,7 +219,7 @@ class NumpyExecutable:
                 stats.per_op[op] = stats.per_op.get(op, 0.0) + time.perf_counter() - t0
             if len(step.outs) == 1 or not isinstance(result, (tuple, list)):
                 result = (result,)  # a node with optional results a kernel does not compute (BatchNormalization's)
-            if any(index >= 0 for index in step.outs[len(result):]):
+            if len(result) < len(step.outs) and any(index >= 0 for index in step.outs[len(result):]):
                 raise TilefoldError(f"{where(step.node)}: its kernel computes {len(result)} of the "
                                     f"{len(step.outs)} results, and a later one is read")
             for index, array in zip(step.outs, result):
