@@ -120,6 +120,47 @@ def test_conv_returns_a_fresh_contiguous_nchw_array(rng):
     assert y.shape == (1, 4, 4, 4) and y.flags.c_contiguous and not np.shares_memory(y, x)
 
 
+@pytest.mark.parametrize("x_shape, w_shape, attrs", [
+    ((1, 16, 13, 13), (40, 16, 1, 1), {}),  # the light SqueezeNet's last conv, shrunk
+    ((2, 6, 9, 7), (6, 2, 3, 3), {"group": 3, "strides": [2, 1], "pads": [1, 0, 1, 1]}),
+    ((1, 32, 16, 16), (32, 32, 3, 3), {"pads": [1, 1, 1, 1]}),  # where Winograd would run
+    ((1, 5, 10, 11), (10, 1, 3, 3), {"group": 5, "dilations": [2, 1]}),
+])
+@pytest.mark.parametrize("target", [None, "cpu"])
+def test_conv_with_a_splat_weight_gives_equal_channels_per_group(rng, x_shape, w_shape, attrs, target):
+    """A ConstantOfShape weight stays a splat, on the plain and the channels-last kernel: each
+    group's output channels are then the same numbers bit for bit (a uniform softmax over them
+    stays uniform), and match onnxruntime."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper, numpy_helper
+
+    import tilefold
+
+    def splat(name: str, value: float) -> onnx.NodeProto:
+        fill = helper.make_tensor("fill", onnx.TensorProto.FLOAT, [1], [value])
+        return helper.make_node("ConstantOfShape", [f"{name}_shape"], [name], value=fill)
+
+    nodes = [splat("w", 0.37), splat("b", -1.5), helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)]
+    graph = helper.make_graph(
+        nodes, "splat_conv", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, list(x_shape))],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        initializer=[numpy_helper.from_array(np.array(w_shape, np.int64), "w_shape"),
+                     numpy_helper.from_array(np.array(w_shape[:1], np.int64), "b_shape")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    x = normal(rng, *x_shape) * F32(1e4)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    graph = tilefold.load(model)
+    if target is not None:
+        graph = tilefold.optimize(graph, target).graph
+        assert graph.node(next(n.name for n in graph.nodes() if n.op == "Conv")).outputs[0].encoding is not None
+    got = tilefold.compile(graph)({"x": x})["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * float(np.abs(want).max()))
+    groups = attrs.get("group", 1)
+    per_group = got.reshape(got.shape[0], groups, w_shape[0] // groups, -1)
+    assert (per_group == per_group[:, :, :1]).all()
+
+
 @pytest.mark.parametrize("size, kernel, attrs, expected", [
     (10, 3, {}, ((0,), (0,), (8,))),
     (10, 3, {"pads": [1, 2]}, ((1,), (2,), (11,))),

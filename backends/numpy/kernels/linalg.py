@@ -1,5 +1,6 @@
 """BLAS-backed kernels: MatMul, Gemm, N-d Conv (im2col + one batched GEMM over groups;
-Winograd F(2x2, 3x3) for large enough 3x3 stride-1 convolutions) and Einsum.
+Winograd F(2x2, 3x3) for large enough 3x3 stride-1 convolutions; a splat weight as a sum
+over channels) and Einsum.
 
 Constant weights are rearranged once, in the factory: Gemm's B transposed (and scaled by
 alpha) into a contiguous (K, N) matrix, Conv's W into GEMM form (groups, F/g, C/g * prod(k))
@@ -15,7 +16,7 @@ import numpy as np
 from ....graph.ops.linalg import einsum_terms
 from ....graph.ops.shapes import transposed_window, window_attrs
 from ..registry import KernelSpec, Run, kernel
-from .common import Window, check_dtypes, dense, prod, unsupported, window_geometry, windows
+from .common import Window, check_dtypes, dense, is_splat, prod, unsupported, window_geometry, windows
 from .conv_taps import conv_taps, tap_weights, worth_taps
 from .winograd import weight_transform, winograd_conv
 
@@ -139,6 +140,27 @@ def conv(x: np.ndarray, wmat: np.ndarray, kernel_shape: tuple[int, ...], attrs: 
     return y
 
 
+def splat_conv(x: np.ndarray, value: Any, out_channels: int, kernel_shape: tuple[int, ...],
+               attrs: dict[str, Any], groups: int, bias: np.ndarray | None, geo: Window) -> np.ndarray:
+    """Conv with a splat weight (every element `value`): each group's input channels summed,
+    one all-ones window over the sum, scaled and repeated for the group's output channels.
+
+    The output channels of a group are then the same numbers, as the math says. A GEMM does
+    not promise that: BLAS computes rows at a micro-kernel's edge in another order, and a
+    1-ulp difference between equal logits of 1e10 (the light SqueezeNet's constant weights)
+    turns a uniform softmax into a one-hot one. It also skips F/g - 1 of every F/g products.
+    """
+    n, c = x.shape[:2]
+    sums = x.reshape(n, groups, c // groups, *x.shape[2:]).sum(axis=2)
+    ones = np.ones((groups, 1, prod(kernel_shape)), x.dtype)
+    y = conv(sums, ones, kernel_shape, attrs, None, geo)
+    y *= value
+    y = np.repeat(y, out_channels // groups, axis=1)
+    if bias is not None:
+        y += bias.reshape(-1, *(1,) * len(kernel_shape))
+    return y
+
+
 def _tap_weights(w: np.ndarray) -> np.ndarray:
     """W (F, C, *k) as `conv_taps`' channels-first operand (prod(k) * F, C)."""
     return tap_weights(np.moveaxis(w, (0, 1), (-1, -2)), channels_last=False)
@@ -195,6 +217,9 @@ def _conv(spec: KernelSpec) -> Run:
         bias = bias_const if bias_const is not None else b
         kernel_shape = tuple(kernel_attr) if kernel_attr is not None else tuple(w.shape[2:])
         geo = window_geometry(attrs, x.shape[2:], kernel_shape)
+        if is_splat(w):
+            return splat_conv(x, w.flat[0], w.shape[0], kernel_shape, attrs, groups,
+                              None if bias is None else wide(bias), geo)
         if winograd and _worth_winograd(x, w.shape[0], geo):
             u = wino_weight if wino_weight is not None else weight_transform(w)
             pads = (*geo.pads_begin, *geo.pads_end)

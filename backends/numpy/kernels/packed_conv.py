@@ -5,6 +5,8 @@ channels last), or the identity NC* input read directly (the layout change fused
 im2col copy); weights are RSCF buffers (`PackedEncoding((), (), (2, 3, 1, 0))`: physical
 (*k, C/g, F), which is the (prod(k) * C/g, F) GEMM operand as it is) or identity FCRS.
 
+- a splat weight (a constant of one value): linalg.splat_conv, whose output channels are
+  equal by construction;
 - 1x1, stride 1, unpadded: one GEMM (N*H*W, C) @ (C, F) on the input buffer, no copy;
 - depthwise (C/g == 1): the taps accumulate into the output, vectorized over (N, *out, C);
 - 3x3, stride 1, ungrouped, enough tiles: Winograd F(2x2, 3x3) in NHWC (packed_winograd);
@@ -29,9 +31,9 @@ import numpy as np
 
 from ....layout.encoding import PackedEncoding
 from ..registry import KernelSpec, Run, packed_kernel
-from .common import Window, check_dtypes, dense, prod, tap_slices, window_geometry, windows
+from .common import Window, check_dtypes, dense, is_splat, prod, tap_slices, window_geometry, windows
 from .conv_taps import FEW_OUTPUTS, conv_taps, tap_weights, worth_taps
-from .linalg import wide
+from .linalg import splat_conv, wide
 from .packed_winograd import winograd_nhwc, winograd_weight, worth_winograd_nhwc
 
 
@@ -215,6 +217,10 @@ def conv_nhwc(x: np.ndarray, weights: ConvWeights, plan: _Plan, bias: np.ndarray
     g = plan.groups
     cg, f = weights.rscf.shape[-2:]
     unit = all(k == 1 for k in kernel_shape) and all(s == 1 for s in geo.strides) and not geo.padded
+    if is_splat(weights.rscf):
+        rows = x if nchw else np.moveaxis(x, -1, 1)
+        y = splat_conv(rows, weights.rscf.flat[0], f, kernel_shape, plan.attrs, g, bias, geo)
+        return np.ascontiguousarray(np.moveaxis(y, 1, -1))
     if g == 1 and unit and not nchw:
         wmat = weights.gemm
         n = x.shape[0]
