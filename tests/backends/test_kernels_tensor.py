@@ -116,6 +116,7 @@ def test_gather_elements(check, rng, axis):
     ((2, 4, 5), np.array([[1], [3]], I64), 1),
     ((2, 3, 4, 5), np.array([[[1, 2], [0, 0]], [[2, 3], [1, 1]]], I64), 1),
     ((2, 3, 4, 5), np.array([[[1], [3]], [[0], [2]], [[3], [3]]], I64).reshape(2, 3, 1)[:, :, :1], 2),
+    ((4, 5), np.array([2, -1], I64), 0),  # one element: a rank-0 result
 ])
 def test_gather_nd(check, rng, data_shape, indices, batch_dims):
     check("GatherND", [normal(rng, *data_shape), indices], {"batch_dims": batch_dims})

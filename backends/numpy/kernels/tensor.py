@@ -231,7 +231,7 @@ def gather_nd(data: np.ndarray, indices: np.ndarray, batch_dims: int) -> np.ndar
     flat_idx = indices.reshape(batch, -1, k)
     rows = np.arange(batch).reshape(batch, 1)
     picked = flat_data[(rows, *(flat_idx[..., j] for j in range(k)))]
-    return picked.reshape(*indices.shape[:-1], *data.shape[batch_dims + k:])
+    return picked.reshape((*indices.shape[:-1], *data.shape[batch_dims + k:]))  # a tuple: () is a shape too
 
 
 @kernel("GatherND")

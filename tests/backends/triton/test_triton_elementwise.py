@@ -207,6 +207,64 @@ def test_gather_rows_of_an_embedding_table(kit, device, axis):
     np.testing.assert_array_equal(got["y"], np.take(table, ids, axis=axis))
 
 
+def gather_nd(data: np.ndarray, indices: np.ndarray, batch_dims: int) -> np.ndarray:
+    """ONNX GatherND by NumPy's advanced indexing, one batch at a time."""
+    if batch_dims == 0:
+        return data[tuple(np.moveaxis(indices, -1, 0))]
+    return np.stack([gather_nd(d, i, batch_dims - 1) for d, i in zip(data, indices)])
+
+
+@pytest.mark.parametrize("data_shape, indices_shape, batch_dims", [
+    ((3, 4, 5), (2, 2), 0),  # whole rows of the last dim
+    ((3, 4, 5), (6, 3), 0),  # single elements
+    ((2, 6, 4), (2, 3, 1), 1),
+    ((2, 3, 4, 5), (2, 3, 2, 1), 2),
+    ((4, 5), (2,), 0),  # one element: a rank-0 result
+])
+def test_gather_nd_reads_data_at_the_looked_up_indices(kit, device, data_shape, indices_shape, batch_dims):
+    """Negative indices count from the end; the consumer (a Relu) runs in the same kernel."""
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal(data_shape).astype(F32)
+    sizes = np.array(data_shape[batch_dims:batch_dims + indices_shape[-1]])
+    ids = rng.integers(-sizes, sizes, indices_shape)
+    g = Graph("gather_nd")
+    xv = g.add_input("x", TensorType(x.shape, F32))
+    picked = kit.add(g, "GatherND", [xv, g.add_constant(ids, name="ids")], {"batch_dims": batch_dims})
+    relu = kit.add(g, "Relu", [picked])
+    g.add_output(relu, "y")
+    got, _ = kit.run_both(g, {"x": x}, device)
+    np.testing.assert_array_equal(got["y"], np.maximum(gather_nd(x, ids, batch_dims), 0))
+    assert [names for names, _ in kernel_sources(g)] == [[picked.node, relu.node]]
+
+
+def test_gather_nd_of_a_bool_mask_and_of_a_packed_buffer(kit, device):
+    """The `sdpa` attention's mask selection (bool data, (B, 1, 1, S, 2) indices), and rows of a
+    buffer packed in 16-row tiles."""
+    rng = np.random.default_rng(12)
+    mask = rng.random((2, 16)) > 0.3
+    ids = np.stack(np.broadcast_arrays(np.arange(2)[:, None, None, None], np.arange(16)), -1)
+    table = rng.standard_normal((20, 6)).astype(F32)
+    rows = rng.integers(-20, 20, (7, 1))
+    enc = PackedEncoding((0,), (16,))
+    g = Graph("gather_nd_mask")
+    mv = g.add_input("mask", TensorType(mask.shape, np.bool_))
+    g.add_output(kit.add(g, "GatherND", [mv, g.add_constant(ids, name="ids")]), "picked")
+    tv = kit.add(g, "Pack", [g.add_input("table", TensorType(table.shape, F32))], {"encoding": enc}, encoding=enc)
+    g.add_output(kit.add(g, "GatherND", [tv, g.add_constant(rows, name="rows")]), "rows")
+    got, _ = kit.run_both(g, {"mask": mask, "table": table}, device)
+    np.testing.assert_array_equal(got["picked"], gather_nd(mask, ids, 0))
+    assert got["picked"].shape == (2, 1, 1, 16) and got["picked"].dtype == np.bool_
+    np.testing.assert_array_equal(got["rows"], gather_nd(table, rows, 0))
+
+
+def test_gather_nd_conformance_cases_on_float_data(kit, device):
+    cases = [c for c in kit.conformance_cases(lambda ops: ops == {"GatherND"}) if "float" in c.name]
+    assert cases
+    for case in cases:
+        for y, want in kit.run_conformance_case(case, device):
+            np.testing.assert_array_equal(y, want, err_msg=case.name)
+
+
 def test_scalar_results_and_a_gather_of_one_row(kit, device):
     """Rank-0 indices (BERT's [CLS] token select) and a rank-0 chain result."""
     rng = np.random.default_rng(9)

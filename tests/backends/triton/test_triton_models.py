@@ -119,3 +119,26 @@ def test_light_models_on_the_gpu_target_need_no_host_round_trip(name):
     graph = tilefold.optimize(tilefold.load(light_path(name)), "gpu").graph
     compute = [n for n in graph.nodes() if n.op not in (CONSTANT, INPUT, OUTPUT)]
     assert compute and [f"{n.name} ({n.op})" for n in compute if classify(graph, n) == "numpy"] == []
+
+
+def test_sdpa_bert_from_torch_runs_every_node_in_a_kernel(kit):
+    """transformers' default `sdpa` attention picks its padding mask with a GatherND of the
+    bool mask: that, too, runs in a generated kernel, so nothing crosses to the host."""
+    import torch
+    import transformers
+
+    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                     intermediate_size=64, vocab_size=50, attn_implementation="sdpa")
+    model = transformers.BertModel(config).eval()
+    ids = torch.from_numpy(np.random.default_rng(15).integers(0, 50, (2, 16)))
+    mask = torch.ones(2, 16, dtype=torch.long)
+    mask[1, 11:] = 0
+    graph = tilefold.optimize(tilefold.from_torch(model, (ids, mask)), "gpu").graph
+    assert "GatherND" in {n.op for n in graph.nodes()}
+    exe = TritonExecutable(graph, device="interp")
+    got = list(exe(dict(zip(graph.input_types(), (ids.numpy(), mask.numpy())))).values())
+    with torch.no_grad():
+        want = model(ids, mask)
+    for have, expected in zip(got, (want.last_hidden_state, want.pooler_output), strict=True):
+        np.testing.assert_allclose(have, expected.numpy(), rtol=1e-4, atol=1e-5)
+    assert exe.fallback_nodes == []
