@@ -2,8 +2,9 @@
 
 `OPS` is the table: op -> `expr(args, node, consts)` building the Triton expression of the
 op on argument expressions (None when this variant is not supported: the node then runs on
-the NumPy backend). Values are computed in float32 whatever their storage dtype (float16 and
-bfloat16 are loaded and widened, and narrowed when stored); Cast rounds through its type.
+the NumPy backend). Float values are computed in float32 whatever their storage dtype
+(float16 and bfloat16 are loaded and widened, and narrowed when stored); Cast rounds through
+its type. int32 and int64 values stay in their type, through the ops of INTEGER_OPS.
 
 A chain is a run of elementwise nodes whose intermediate results are read only by the next
 node in the run; it iterates the logical elements of its result, reads every operand through
@@ -20,7 +21,7 @@ import numpy as np
 from ...graph.graph import Graph, Node
 from ...graph.types import Splat, TensorType, Value
 from .codegen import Table
-from .indexing import NAN, broadcast_index, is_float, literal, offset, triton_dtype, unravel
+from .indexing import INTEGERS, NAN, broadcast_index, is_integer, literal, offset, triton_dtype, unravel, value_ok
 from .layout_ops import COPIES, HEADS
 
 Expr = Callable[[list[str], Node, list[Any]], "str | None"]
@@ -186,27 +187,27 @@ def operand_dims(node: Node, slot: int, rank: int) -> tuple[int, ...] | None:
     return (1,) if slot in PER_CHANNEL.get(node.op, ()) and rank >= 2 else None
 
 
-def value_ok(t: TensorType | None) -> bool:
-    """A static float or bool tensor: what chain kernels load and store."""
-    return t is not None and t.is_static and (is_float(t) or t.dtype == np.bool_)
+INTEGER_OPS = frozenset({"Add", "Sub", "Mul", "Sum", "Neg", "Abs", "Clip", "Where", "Equal", "Less", "LessOrEqual",
+                         "Greater", "GreaterOrEqual", *COPIES})
+"""Ops whose expressions compute integers in their own type (no float literal in them): the
+arithmetic on ids and positions that models do before their embeddings."""
 
 
 def supports(graph: Graph, node: Node) -> bool:
-    """Whether the chain template runs `node`: a table op on static float or bool operands
-    and result (no integer arithmetic), in a supported variant of its attributes."""
+    """Whether the chain template runs `node`: a table op on static float, bool or integer
+    operands and result (integers only through INTEGER_OPS), in a supported variant of its
+    attributes."""
     if node.op not in OPS or any(graph.users(Value(node.name, k)) for k in range(1, len(node.outputs))):
         return False  # only the first result is computed (BatchNormalization's running statistics are unread)
     out = node.outputs[0]
-    if not value_ok(out):
-        return False
     values = graph.inputs_of(node.name)
-    for value in values:
-        if value is None:
-            continue
-        t = graph.type_of(value)
-        integer_cast = node.op == "Cast" and t.is_static and t.dtype.kind in "iu"  # converted once, exactly
-        if not ((value_ok(t) or integer_cast) and t.rank <= out.rank):
-            return False
+    types = [graph.type_of(v) for v in values if v is not None]
+    cast_from = "iu" if node.op == "Cast" else ""  # any integer type, converted once, exactly
+    if not value_ok(out) or not all((value_ok(t) or (t.is_static and t.dtype.kind in cast_from))
+                                    and t.rank <= out.rank for t in types):
+        return False
+    if node.op not in INTEGER_OPS and any(is_integer(t) for t in (out, *types)):
+        return False
     if node.op in PER_CHANNEL and not all(
             v is None or graph.type_of(v).rank == 1 for k, v in enumerate(values) if k in PER_CHANNEL[node.op]):
         return False
@@ -235,6 +236,8 @@ class Loader:
         const = self.graph.constant_value(value)
         if isinstance(const, Splat) and const.dtype.kind in "fb":
             return literal(float(const.value)) if const.dtype.kind == "f" else repr(bool(const.value))
+        if isinstance(const, Splat) and const.dtype.name in INTEGERS:
+            return f"tl.full([], {int(const.value)}, {triton_dtype(const.dtype)})"
         if (value, dims) in self.names:
             return self.names[value, dims]
         t = self.graph.type_of(value)

@@ -137,3 +137,22 @@ def literal(value: float | int | bool) -> str:
 
 def is_float(t: TensorType | None) -> bool:
     return t is not None and t.dtype.name in FLOATS
+
+
+INTEGERS = frozenset({"int32", "int64"})
+"""Integer dtypes kernels compute in (ids, positions, masks made of them), in their own type."""
+
+
+def is_integer(t: TensorType | None) -> bool:
+    return t is not None and t.dtype.name in INTEGERS
+
+
+def register_dtype(t: TensorType) -> str:
+    """The `tl.` type a chain computes a value of type `t` in."""
+    return "tl.float32" if is_float(t) else triton_dtype(t.dtype)
+
+
+def value_ok(t: TensorType | None) -> bool:
+    """A static float, bool, int32 or int64 tensor: what chain kernels load and store (floats
+    computed in float32, bools as int1, integers in their own type)."""
+    return t is not None and t.is_static and (is_float(t) or t.dtype == np.bool_ or is_integer(t))

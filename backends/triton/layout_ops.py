@@ -24,9 +24,9 @@ import numpy as np
 
 from ...graph.graph import Graph, Node
 from ...graph.ops.tensor import transpose_perm
-from ...graph.types import TensorType, Value
+from ...graph.types import Value
 from . import lrn, pad, pool, resize
-from .indexing import broadcast_index, is_float, offset, parameter, triton_dtype, unravel
+from .indexing import broadcast_index, offset, parameter, register_dtype, triton_dtype, unravel, value_ok
 
 
 def _copy(args: list[str], node: Node, consts: list[Any]) -> str:
@@ -34,12 +34,13 @@ def _copy(args: list[str], node: Node, consts: list[Any]) -> str:
 
 
 def _cast(args: list[str], node: Node, consts: list[Any]) -> str:
-    """Values in a chain are float32 (or int1): rounded through the result's dtype."""
+    """Float values in a chain are float32 (rounded through a narrower result dtype), bools
+    int1, integers their own type."""
     name = triton_dtype(node.outputs[0].dtype)
     if name == "tl.int1":
         return f"({args[0]} != 0)"
-    if name == "tl.float32":
-        return f"{args[0]}.to(tl.float32)"
+    if name in ("tl.float32", "tl.int32", "tl.int64"):
+        return f"{args[0]}.to({name})"
     return f"{args[0]}.to({name}).to(tl.float32)"
 
 
@@ -158,8 +159,7 @@ def concat_head(graph: Graph, node: Node, names: list[str], params: list[Value])
     """Concat: each operand loaded where the result index falls in its range of the axis."""
     values = [v for v in graph.inputs_of(node.name) if v is not None]
     axis = int(node.attrs["axis"]) % len(names)
-    lines = ["x_t = tl.zeros([BLOCK], dtype=tl.float32)" if node.outputs[0].dtype != np.bool_
-             else "x_t = tl.zeros([BLOCK], dtype=tl.int1)"]
+    lines = [f"x_t = tl.zeros([BLOCK], dtype={register_dtype(node.outputs[0])})"]
     low = 0
     for k, value in enumerate(values):
         size = int(graph.type_of(value).shape[axis])
@@ -195,7 +195,7 @@ def supports_head(graph: Graph, node: Node) -> bool:
         return False
     values = graph.inputs_of(node.name)
     x, out = values[0], node.outputs[0]
-    if x is None or not _value_ok(graph.type_of(x)) or not _value_ok(out):
+    if x is None or not value_ok(graph.type_of(x)) or not value_ok(out):
         return False
     if node.op in ("Gather", "GatherND"):
         i_t = graph.type_of(values[1]) if len(values) > 1 and values[1] is not None else None
@@ -203,9 +203,6 @@ def supports_head(graph: Graph, node: Node) -> bool:
     if node.op == "Slice":
         return slice_starts(graph, node) is not None
     if node.op == "Concat":
-        return all(v is not None and _value_ok(graph.type_of(v)) for v in values)
+        return all(v is not None and value_ok(graph.type_of(v)) for v in values)
     return True
 
-
-def _value_ok(t: TensorType) -> bool:
-    return t.is_static and (is_float(t) or t.dtype == np.bool_)

@@ -21,16 +21,11 @@ from __future__ import annotations
 
 from typing import Callable
 
-import numpy as np
-
 from ...graph.errors import VerifyError
 from ...graph.graph import Graph, Node
 from ...graph.passes.pads import constant_fill, constant_widths
-from ...graph.types import TensorType, Value
-from .indexing import is_float, literal, offset, parameter
-
-INTEGERS = frozenset({"int32", "int64"})
-"""Integer dtypes a Pad copies (no arithmetic: nothing else in a chain computes on them)."""
+from ...graph.types import Value
+from .indexing import literal, offset, parameter, value_ok
 
 
 def _lifted(j: str, lift: int) -> str:
@@ -72,10 +67,6 @@ def widths(graph: Graph, node: Node) -> list[tuple[int, int]] | None:
         return None
 
 
-def _value_ok(t: TensorType) -> bool:
-    return t.is_static and (is_float(t) or t.dtype == np.bool_ or t.dtype.name in INTEGERS)
-
-
 def supports(graph: Graph, node: Node) -> bool:
     """A Pad of a static float, bool, int32 or int64 operand of rank >= 1 with constant pads
     and axes (and constant_value in constant mode); edge, reflect and wrap need an operand
@@ -85,7 +76,7 @@ def supports(graph: Graph, node: Node) -> bool:
         return False
     t = graph.type_of(x)
     mode = node.attrs.get("mode", "constant")
-    if mode not in MODES or t.rank == 0 or not _value_ok(t) or not _value_ok(node.outputs[0]):
+    if mode not in MODES or t.rank == 0 or not value_ok(t) or not value_ok(node.outputs[0]):
         return False
     found = widths(graph, node)
     if found is None:

@@ -46,7 +46,7 @@ def sizes(graph: Graph, node: Node) -> list[int] | None:
 
 
 def supports(graph: Graph, node: Node) -> bool:
-    """A Split of a static float or bool operand of rank >= 1 into static results, its sizes
+    """A Split of a static float, bool or integer operand of rank >= 1 into static results, its sizes
     known at compile time and the ones the result types have."""
     x = graph.inputs_of(node.name)[0] if node.op == "Split" else None
     if x is None:

@@ -1,6 +1,6 @@
 """Every template compiles for a GPU without one: Triton's full pipeline (TTIR, TTGIR, LLVM IR,
 PTX, cubin through the bundled ptxas) for sm_90 and sm_80, from the generated sources of
-small models and of the dtype and op variants (bool chains, float16, pools, gathers (GatherND too), resizes,
+small models and of the dtype and op variants (bool and integer chains, float16, pools, gathers (GatherND too), resizes,
 splits into several results, pads in every mode, bool reductions). This catches what the
 interpreter accepts and the compiler does not."""
 from __future__ import annotations
@@ -40,6 +40,9 @@ def _variants(kit) -> Graph:
     table = g.add_constant(np.random.default_rng(1).standard_normal((11, 7)).astype(np.float32), name="table")
     g.add_output(kit.add(g, "Gather", [table, ids], {"axis": 0}), "rows")
     g.add_output(kit.add(g, "Cast", [ids], {"to": 9}), "nonzero")
+    one = g.add_constant(Splat(1, (), np.int64), name="one_id")
+    doubled = kit.add(g, "Where", [kit.add(g, "Equal", [ids, one]), one, kit.add(g, "Add", [ids, ids])])
+    g.add_output(kit.add(g, "Cast", [kit.add(g, "Concat", [doubled, ids], {"axis": 0})], {"to": 6}), "int_ids")
     pairs = g.add_constant(np.array([[[1, -2], [0, 5]], [[17, -9], [3, 8]]], np.int64), name="pairs")
     g.add_output(kit.add(g, "GatherND", [x, pairs], {"batch_dims": 1}), "gather_nd")
     g.add_output(kit.add(g, "GatherND", [keep, g.add_constant(np.array([1, 2, 3, 4], np.int64), name="one")]),

@@ -265,6 +265,51 @@ def test_gather_nd_conformance_cases_on_float_data(kit, device):
             np.testing.assert_array_equal(y, want, err_msg=case.name)
 
 
+def test_integer_chains_compute_ids_exactly_in_their_own_type(kit, device):
+    """Position ids the way RoBERTa and OPT make them, on int64 values past float32's 2**24
+    (which a float32 chain would round): comparisons, selects, arithmetic, an int32 cast and
+    an int64 splat constant, in one kernel with the Gather that reads the embedding."""
+    rng = np.random.default_rng(13)
+    ids = rng.integers(0, 5, (2, 7))
+    big = rng.integers(-2**40, 2**40, (2, 7))
+    table = rng.standard_normal((50, 3)).astype(F32)
+    g = Graph("ids")
+    iv = g.add_input("ids", TensorType(ids.shape, np.int64))
+    bv = g.add_input("big", TensorType(big.shape, np.int64))
+    pad = g.add_constant(Splat(1, (), np.int64), name="pad")
+    keep = kit.add(g, "Not", [kit.add(g, "Equal", [iv, pad])])
+    step = kit.add(g, "Cast", [keep], {"to": 7})
+    shifted = kit.add(g, "Add", [kit.add(g, "Mul", [bv, step]), pad])
+    g.add_output(kit.add(g, "Sub", [kit.add(g, "Abs", [shifted]), kit.add(g, "Neg", [bv])]), "arith")
+    positions = kit.add(g, "Where", [keep, kit.add(g, "Add", [iv, iv]), pad])
+    g.add_output(kit.add(g, "Cast", [positions], {"to": 6}), "int32")
+    g.add_output(kit.add(g, "Gather", [g.add_constant(table, name="table"), positions], {"axis": 0}), "rows")
+    low, high = g.add_constant(Splat(2, (), np.int64), name="low"), g.add_constant(Splat(6, (), np.int64), name="high")
+    g.add_output(kit.add(g, "Clip", [kit.add(g, "Concat", [iv, positions], {"axis": 1}), low, high]), "clipped")
+    got, _ = kit.run_both(g, {"ids": ids, "big": big}, device)
+    keep_ = ids != 1
+    want_positions = np.where(keep_, 2 * ids, 1)
+    np.testing.assert_array_equal(got["arith"], np.abs(big * keep_ + 1) + big)
+    np.testing.assert_array_equal(got["int32"], want_positions.astype(np.int32))
+    assert got["int32"].dtype == np.int32
+    np.testing.assert_array_equal(got["rows"], table[want_positions])
+    np.testing.assert_array_equal(got["clipped"], np.clip(np.concatenate([ids, want_positions], 1), 2, 6))
+
+
+def test_integer_ops_without_an_exact_expression_stay_on_the_numpy_backend(kit, device):
+    """Div (ONNX truncates, `/` would not) and float-only activations on integers run on the host."""
+    rng = np.random.default_rng(14)
+    a, b = rng.integers(-20, 20, (3, 4)), rng.integers(1, 5, (3, 4))
+    g = Graph("int_div")
+    av, bv = (g.add_input(n, TensorType(v.shape, np.int64)) for n, v in (("a", a), ("b", b)))
+    quotient = kit.add(g, "Div", [av, bv])
+    relu = kit.add(g, "Relu", [quotient])
+    g.add_output(relu, "y")
+    exe = TritonExecutable(g, device=device)
+    np.testing.assert_array_equal(exe({"a": a, "b": b})["y"], np.maximum(np.trunc(a / b).astype(np.int64), 0))
+    assert sorted(exe.fallback_nodes) == sorted([quotient.node, relu.node])
+
+
 def test_scalar_results_and_a_gather_of_one_row(kit, device):
     """Rank-0 indices (BERT's [CLS] token select) and a rank-0 chain result."""
     rng = np.random.default_rng(9)

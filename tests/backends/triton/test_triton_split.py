@@ -169,16 +169,27 @@ def test_sizes_known_only_at_run_time_stay_on_the_numpy_backend(device):
     _exact(got, {"a": x[:, :1], "b": x[:, 1:]})
 
 
-def test_integer_or_symbolic_operands_stay_on_the_numpy_backend(device):
+def test_int64_operands_split_exactly_and_others_stay_on_the_numpy_backend(device):
+    """int64 ids beyond float32's 2**24 are copied exactly; uint8 and symbolic operands stay
+    on the NumPy backend."""
     rng = np.random.default_rng(11)
-    ids = rng.integers(-50, 50, (3, 4))
+    ids = rng.integers(-50, 50, (3, 4)) + 2**40
     g = Graph("ints")
     low, high = _split(g, g.add_input("ids", TensorType(ids.shape, np.int64)), {"axis": 1}, [1, 3])
     g.add_output(low, "low")
     g.add_output(high, "high")
-    assert not supports(g, g.node("split"))
+    assert supports(g, g.node("split"))
     exe = TritonExecutable(g, device=device)
     _exact(exe({"ids": ids}), {"low": ids[:, :1], "high": ids[:, 1:]})
+    assert exe.fallback_nodes == []
+    pixels = ids.astype(np.uint8)
+    g = Graph("bytes")
+    low, high = _split(g, g.add_input("pixels", TensorType(pixels.shape, np.uint8)), {"axis": 1}, [1, 3])
+    g.add_output(low, "low")
+    g.add_output(high, "high")
+    assert not supports(g, g.node("split"))
+    exe = TritonExecutable(g, device=device)
+    _exact(exe({"pixels": pixels}), {"low": pixels[:, :1], "high": pixels[:, 1:]})
     assert exe.fallback_nodes == ["split"]
     g = Graph("symbolic")
     _split(g, g.add_input("x", TensorType(("n", 4), F32)), {"axis": 1}, [2, 2])
