@@ -1,5 +1,5 @@
 """Layout and movement ops: Pack, Unpack, Identity and Cast as copies inside a chain, and
-Transpose, Reshape (Flatten, Squeeze, Unsqueeze), Gather, GatherND, Expand, Slice, Concat, the pools
+Transpose, Reshape (Flatten, Squeeze, Unsqueeze), the Gathers, Expand, Slice, Concat, the pools
 (pool.py), LRN (lrn.py), Resize (resize.py) and Pad (pad.py) as chain heads.
 
 In logical coordinates a Pack or an Unpack is the identity: the chain template
@@ -11,10 +11,10 @@ logical elements; padding is never read, since every read is masked to the logic
 
 A head starts a chain by reading its operand at a remapped index of the chain's result:
 a Transpose at the permuted index, a Reshape at the same row-major position (so a reshape of a
-packed or permuted buffer is one copy), a Gather or GatherND at the looked-up index, an Expand at the
-broadcast index, a Slice at start + i * step, a Concat from the operand whose range holds i,
-a Resize at the source indices of its taps (looked up in Tables: codegen.py), a Pad at
-i - before, masked, clamped, reflected or wrapped by its mode.
+packed or permuted buffer is one copy), a Gather, GatherND or GatherElements at the looked-up
+index, an Expand at the broadcast index, a Slice at start + i * step, a Concat from the
+operand whose range holds i, a Resize at the source indices of its taps (looked up in Tables:
+codegen.py), a Pad at i - before, masked, clamped, reflected or wrapped by its mode.
 """
 from __future__ import annotations
 
@@ -117,6 +117,19 @@ def gather_nd_head(graph: Graph, node: Node, names: list[str], params: list[Valu
     return lines + [f"x_t = {_load(graph, data, index, params, f'{node.name} ({node.op})', blocks)}"], "x_t"
 
 
+def gather_elements_head(graph: Graph, node: Node, names: list[str], params: list[Value]) -> tuple[list[str], str]:
+    """GatherElements along `axis`: result index i reads data at i with its `axis` coordinate
+    replaced by indices[i]; negative indices count from the end."""
+    data, indices = graph.inputs_of(node.name)[:2]
+    assert data is not None and indices is not None
+    d_t = graph.type_of(data)
+    axis = int(node.attrs.get("axis", 0)) % d_t.rank
+    lines = [f"idx = {_load(graph, indices, list(names), params, 'indices', names)}",
+             f"idx = tl.where(idx < 0, idx + {int(d_t.shape[axis])}, idx)"]
+    index: list[str | None] = [*names[:axis], "idx", *names[axis + 1:]]
+    return lines + [f"x_t = {_load(graph, data, index, params, f'{node.name} ({node.op})', [*names, 'idx'])}"], "x_t"
+
+
 def expand_head(graph: Graph, node: Node, names: list[str], params: list[Value]) -> tuple[list[str], str]:
     """Expand: the operand broadcast numpy-style to the result."""
     value = graph.inputs_of(node.name)[0]
@@ -175,7 +188,8 @@ def concat_head(graph: Graph, node: Node, names: list[str], params: list[Value])
     return lines, "x_t"
 
 
-HEADS = {"Transpose": transpose_head, "Gather": gather_head, "GatherND": gather_nd_head, "MaxPool": pool.pool_head,
+HEADS = {"Transpose": transpose_head, "Gather": gather_head, "GatherND": gather_nd_head,
+         "GatherElements": gather_elements_head, "MaxPool": pool.pool_head,
          "AveragePool": pool.pool_head, "LRN": lrn.lrn_head, "Resize": resize.resize_head,
          "Pad": pad.pad_head, "Expand": expand_head, "Slice": slice_head, "Concat": concat_head,
          **{op: reshape_head for op in RESHAPES}}
@@ -197,7 +211,7 @@ def supports_head(graph: Graph, node: Node) -> bool:
     x, out = values[0], node.outputs[0]
     if x is None or not value_ok(graph.type_of(x)) or not value_ok(out):
         return False
-    if node.op in ("Gather", "GatherND"):
+    if node.op in ("Gather", "GatherND", "GatherElements"):
         i_t = graph.type_of(values[1]) if len(values) > 1 and values[1] is not None else None
         return i_t is not None and i_t.is_static and i_t.dtype.kind == "i"
     if node.op == "Slice":

@@ -10,6 +10,12 @@ ReduceMax and ReduceMin also run on bool (ONNX opset 20: any and all; torch's sa
 guard in transformers' sdpa attention reduces a bool row this way): the row is loaded as 0/1
 integers, masked-off lanes holding the reduction's neutral element (BOOL_NEUTRAL), reduced by
 max or min and stored as bool.
+
+CumSum, ArgMax and ArgMin walk the row in scan order (reversed for `reverse` and
+`select_last_index`), on float rows and on int32/int64 ones in their own type (the position
+ids and end-of-text tokens that text models compute from their inputs): CumSum is a
+`tl.cumsum` of the row (shifted by one for `exclusive`); ArgMax/ArgMin take the first index
+in scan order holding the row's extreme, or its first NaN, as NumPy does.
 """
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ import numpy as np
 from ...graph.graph import Graph, Node
 from ...graph.types import TensorType, Value
 from .elementwise import store_expr
-from .indexing import broadcast_index, is_float, next_pow2, offset, parameter, unravel
+from .indexing import broadcast_index, is_float, is_integer, next_pow2, offset, parameter, register_dtype, unravel
 
 MAX_BLOCK = 16384
 """Longest row one block holds; longer rows run on the NumPy backend."""
@@ -41,6 +47,8 @@ def axes_of(graph: Graph, node: Node) -> tuple[int, ...] | None:
         return tuple(range(int(node.attrs.get("axis", -1)) % x.rank, x.rank))
     if node.op == "GlobalAveragePool":
         return tuple(range(2, x.rank))
+    if node.op in ("ArgMax", "ArgMin"):
+        return (int(node.attrs.get("axis", 0)) % x.rank,)
     values = graph.inputs_of(node.name)
     axes = graph.constant_value(values[1]) if len(values) > 1 and values[1] is not None else None
     if axes is None or np.asarray(axes).size == 0:
@@ -48,8 +56,12 @@ def axes_of(graph: Graph, node: Node) -> tuple[int, ...] | None:
     return tuple(sorted({int(a) % x.rank for a in np.asarray(axes).reshape(-1)}))
 
 
+SCANS = frozenset({"CumSum", "ArgMax", "ArgMin"})
+"""Row ops that walk the row in order (see the module docstring)."""
+
+
 def supports(graph: Graph, node: Node) -> bool:
-    if node.op not in ("Softmax", "LogSoftmax", "LayerNormalization", "GlobalAveragePool", *REDUCE_OPS):
+    if node.op not in ("Softmax", "LogSoftmax", "LayerNormalization", "GlobalAveragePool", *REDUCE_OPS, *SCANS):
         return False
     values = graph.inputs_of(node.name)
     x = graph.type_of(values[0]) if values and values[0] is not None else None
@@ -65,9 +77,14 @@ def supports(graph: Graph, node: Node) -> bool:
 
 
 def _dtypes_ok(op: str, x: TensorType, out: TensorType) -> bool:
-    """Float operand and result; or bool ones for the reductions ONNX defines on bool."""
+    """Float operand and result; bool ones for the reductions ONNX defines on bool; int32 or
+    int64 rows for the scans (ArgMax/ArgMin: of a float row too, into int64 indices)."""
     if op in BOOL_NEUTRAL and x.dtype == np.bool_:
         return out.dtype == np.bool_
+    if op in ("ArgMax", "ArgMin"):
+        return (is_float(x) or is_integer(x)) and out.dtype == np.int64
+    if op == "CumSum" and is_integer(x):
+        return out.dtype == x.dtype
     return is_float(x) and is_float(out)
 
 
@@ -93,6 +110,36 @@ def _load(value: Value, t: TensorType, index: list[str], param: str, other: str)
     return load if t.dtype.name == "float32" else load + ".to(tl.float32)"
 
 
+def _extreme(t: TensorType, highest: bool) -> str:
+    """The largest (or lowest) value of t's dtype, as kernel source: what masked-off lanes hold."""
+    if is_float(t):
+        return "float('inf')" if highest else "-float('inf')"
+    info = np.iinfo(t.dtype)
+    return repr(int(info.max if highest else info.min))
+
+
+def _scan(graph: Graph, node: Node, x_t: TensorType, names: list[str], axis: int, length: int) -> list[str]:
+    """Lines giving `y`, the CumSum row (stored at `names`) or the ArgMax/ArgMin index."""
+    a = names[axis]
+    backward = bool(node.attrs.get("reverse" if node.op == "CumSum" else "select_last_index", 0))
+    lines = ["s = tl.arange(0, BLOCK)", f"mask = s < {length}", f"{a} = {length - 1} - s" if backward else f"{a} = s"]
+    wide = "" if x_t.dtype.name == "float32" or is_integer(x_t) else f".to({register_dtype(x_t)})"
+    if node.op == "CumSum":
+        index, mask = list(names), "mask"
+        if node.attrs.get("exclusive", 0):  # each element takes the sum of those before it in scan order
+            index[axis] = f"{a} + 1" if backward else f"{a} - 1"
+            mask = "mask & (s > 0)"
+        lines.append(f"x = tl.load(in0 + {offset(x_t, index)}, mask={mask}, other=0){wide}")
+        return lines + ["y = tl.cumsum(x, axis=0)"]
+    other = _extreme(x_t, highest=node.op == "ArgMin")
+    lines.append(f"x = tl.load(in0 + {offset(x_t, names)}, mask=mask, other={other}){wide}")
+    extreme = "tl.max" if node.op == "ArgMax" else "tl.min"
+    lines += [f"best = tl.min(tl.where(mask & (x == {extreme}(x, axis=0)), s, BLOCK), axis=0)",
+              "nan = tl.min(tl.where(mask & (x != x), s, BLOCK), axis=0)",
+              "best = tl.where(nan < BLOCK, nan, best)"]
+    return lines + [f"y = ({length - 1} - best).to(tl.int64)" if backward else "y = best.to(tl.int64)"]
+
+
 def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Value]]:
     node = nodes[0]
     values = graph.inputs_of(node.name)
@@ -106,13 +153,22 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
     rows = [d for d in range(len(shape)) if d not in axes]
     lines = ["row = tl.program_id(0)"]
     lines += unravel("row", [shape[d] for d in rows], [names[d] for d in rows])
+    params: list[Value] = [values[0]]  # type: ignore[list-item]
+    op = node.op
+    if op in SCANS:
+        lines += _scan(graph, node, x_t, names, axes[0], length)
+        keep = op == "CumSum" or bool(node.attrs.get("keepdims", 1))
+        store_index: list[str | None] = list(names) if op == "CumSum" else (
+            [None if d in axes else names[d] for d in range(len(shape))] if keep else [names[d] for d in rows])
+        mask = ", mask=mask" if op == "CumSum" else ""
+        lines.append(f"tl.store(out0 + {offset(out, store_index)}, {store_expr('y', out)}{mask})  "
+                     f"# {node.name} ({op}): {out}")
+        return _source(fn_name, params, lines), params
     if len(axes) == 1:
         lines += [f"{names[axes[0]]} = tl.arange(0, BLOCK)", f"mask = {names[axes[0]]} < {length}"]
     else:
         lines += ["col = tl.arange(0, BLOCK)", f"mask = col < {length}"]
         lines += unravel("col", [shape[d] for d in axes], [names[d] for d in axes])
-    params: list[Value] = [values[0]]  # type: ignore[list-item]
-    op = node.op
     other = "-float('inf')" if op in ("Softmax", "LogSoftmax", "ReduceMax") else (
         "float('inf')" if op == "ReduceMin" else "0.0")
     logical = x_t.dtype == np.bool_
@@ -124,7 +180,7 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
     if op in ("Softmax", "LogSoftmax"):
         lines += ["x_max = tl.max(x, axis=0)", "e = tl.exp(x - x_max)", "total = tl.sum(e, axis=0)"]
         lines.append("y = e / total" if op == "Softmax" else "y = x - x_max - tl.log(total)")
-        store_index: list[str | None] = list(names)
+        store_index = list(names)
     elif op == "LayerNormalization":
         eps = float(node.attrs.get("epsilon", 1e-5))
         # the centered row corrected by its own mean (in registers): a row of equal values
@@ -154,9 +210,12 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
     where = offset(out, store_index)
     mask = ", mask=mask" if op in ("Softmax", "LogSoftmax", "LayerNormalization") else ""
     lines.append(f"tl.store(out0 + {where}, {store_expr('y', out)}{mask})  # {node.name} ({op}): {out}")
+    return _source(fn_name, params, lines), params
+
+
+def _source(fn_name: str, params: list[Value], lines: list[str]) -> str:
     args = [f"in{i}" for i in range(len(params))] + ["out0", "BLOCK: tl.constexpr"]
-    source = "@triton.jit\ndef {}({}):\n{}\n".format(fn_name, ", ".join(args), "\n".join("    " + x for x in lines))
-    return source, params
+    return "@triton.jit\ndef {}({}):\n{}\n".format(fn_name, ", ".join(args), "\n".join("    " + x for x in lines))
 
 
 def grid(graph: Graph, nodes: list[Node], config: dict[str, Any]) -> tuple[int, ...]:

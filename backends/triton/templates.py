@@ -140,8 +140,8 @@ def supports(graph: Graph, node: Node) -> bool:
 def supported_ops() -> frozenset[str]:
     """Ops some template runs (for a device's `supports(node)`: whether one runs a given node
     also depends on its types, and an unsupported one falls back to the NumPy backend)."""
-    from .reduce import REDUCE_OPS
+    from .reduce import REDUCE_OPS, SCANS
 
     return frozenset({*elementwise.OPS, *layout_ops.HEADS, *VIEW_OPS, "MatMul", "Gemm", "Conv", "Softmax",
-                      "LogSoftmax", "LayerNormalization", "GlobalAveragePool", *REDUCE_OPS, "Split", "Transfer", "Shape",
-                      "Size"})
+                      "LogSoftmax", "LayerNormalization", "GlobalAveragePool", *REDUCE_OPS, *SCANS, "Split", "Transfer",
+                      "Shape", "Size"})

@@ -218,9 +218,17 @@ def _gather(spec: KernelSpec) -> Run:
 
 @kernel("GatherElements")
 def _gather_elements(spec: KernelSpec) -> Run:
+    """np.take_along_axis on the part of the data the indices span: along the other axes the
+    indices may be shorter than the data (onnxruntime and torch.gather allow it)."""
     check_dtypes(spec)
-    axis = int(spec.attrs.get("axis", 0))
-    return lambda x, indices: np.take_along_axis(x, indices, axis=axis % x.ndim)
+    axis_attr = int(spec.attrs.get("axis", 0))
+
+    def run(x: np.ndarray, indices: np.ndarray) -> np.ndarray:
+        axis = axis_attr % x.ndim
+        spanned = tuple(slice(None) if d == axis else slice(0, n) for d, n in enumerate(indices.shape))
+        return np.take_along_axis(x[spanned], indices, axis=axis)
+
+    return run
 
 
 def gather_nd(data: np.ndarray, indices: np.ndarray, batch_dims: int) -> np.ndarray:

@@ -1,7 +1,7 @@
 """Every template compiles for a GPU without one: Triton's full pipeline (TTIR, TTGIR, LLVM IR,
 PTX, cubin through the bundled ptxas) for sm_90 and sm_80, from the generated sources of
 small models and of the dtype and op variants (bool and integer chains, float16, pools, gathers (GatherND too), resizes,
-splits into several results, pads in every mode, bool reductions). This catches what the
+splits into several results, pads in every mode, bool reductions, scans). This catches what the
 interpreter accepts and the compiler does not."""
 from __future__ import annotations
 
@@ -43,6 +43,12 @@ def _variants(kit) -> Graph:
     one = g.add_constant(Splat(1, (), np.int64), name="one_id")
     doubled = kit.add(g, "Where", [kit.add(g, "Equal", [ids, one]), one, kit.add(g, "Add", [ids, ids])])
     g.add_output(kit.add(g, "Cast", [kit.add(g, "Concat", [doubled, ids], {"axis": 0})], {"to": 6}), "int_ids")
+    zero_axis = g.add_constant(np.array(0, np.int64), name="zero_axis")
+    g.add_output(kit.add(g, "CumSum", [doubled, zero_axis], {"exclusive": 1, "reverse": 1}), "positions")
+    g.add_output(kit.add(g, "ArgMax", [x], {"axis": 1, "keepdims": 0, "select_last_index": 1}), "argmax")
+    g.add_output(kit.add(g, "ArgMin", [doubled], {"axis": 0}), "argmin")
+    picks = g.add_constant(np.array([[0, 2], [1, -1]], np.int64), name="picks")
+    g.add_output(kit.add(g, "GatherElements", [table, picks], {"axis": 1}), "elements")
     pairs = g.add_constant(np.array([[[1, -2], [0, 5]], [[17, -9], [3, 8]]], np.int64), name="pairs")
     g.add_output(kit.add(g, "GatherND", [x, pairs], {"batch_dims": 1}), "gather_nd")
     g.add_output(kit.add(g, "GatherND", [keep, g.add_constant(np.array([1, 2, 3, 4], np.int64), name="one")]),

@@ -265,6 +265,29 @@ def test_gather_nd_conformance_cases_on_float_data(kit, device):
             np.testing.assert_array_equal(y, want, err_msg=case.name)
 
 
+@pytest.mark.parametrize("dtype, axis", [(F32, 1), (np.int64, 0), (np.bool_, -1)])
+def test_gather_elements_reads_along_one_axis(kit, device, dtype, axis):
+    rng = np.random.default_rng(16)
+    normal = rng.standard_normal((3, 5, 4))
+    x = normal > 0 if dtype == np.bool_ else (normal * 2**33).astype(dtype)
+    shape = list(x.shape)
+    shape[axis] = 6
+    ids = rng.integers(-x.shape[axis], x.shape[axis], shape)
+    g = Graph("gather_elements")
+    xv = g.add_input("x", TensorType(x.shape, dtype))
+    g.add_output(kit.add(g, "GatherElements", [xv, g.add_constant(ids, name="ids")], {"axis": axis}), "y")
+    got, _ = kit.run_both(g, {"x": x}, device)
+    np.testing.assert_array_equal(got["y"], np.take_along_axis(x, ids % x.shape[axis], axis))
+
+
+def test_gather_elements_conformance_cases(kit, device):
+    cases = kit.conformance_cases(lambda ops: ops == {"GatherElements"})
+    assert cases
+    for case in cases:
+        for y, want in kit.run_conformance_case(case, device):
+            np.testing.assert_array_equal(y, want, err_msg=case.name)
+
+
 def test_integer_chains_compute_ids_exactly_in_their_own_type(kit, device):
     """Position ids the way RoBERTa and OPT make them, on int64 values past float32's 2**24
     (which a float32 chain would round): comparisons, selects, arithmetic, an int32 cast and

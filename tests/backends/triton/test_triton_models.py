@@ -121,20 +121,34 @@ def test_light_models_on_the_gpu_target_need_no_host_round_trip(name):
     assert compute and [f"{n.name} ({n.op})" for n in compute if classify(graph, n) == "numpy"] == []
 
 
-def test_sdpa_bert_from_torch_runs_every_node_in_a_kernel(kit):
+TEXT_MODELS = {
+    # name: (config, model, the ops that used to run on the host)
+    "bert": ("BertConfig", "BertModel", {"GatherND"}),
+    "roberta": ("RobertaConfig", "RobertaModel", {"CumSum", "GatherElements", "Equal", "Cast", "Mul", "Add"}),
+    "clip_text": ("CLIPTextConfig", "CLIPTextModel", {"ArgMax", "Equal", "Cast"}),
+}
+
+
+@pytest.mark.parametrize("name", TEXT_MODELS)
+def test_text_models_from_torch_run_every_node_in_a_kernel(kit, name):
     """transformers' default `sdpa` attention picks its padding mask with a GatherND of the
-    bool mask: that, too, runs in a generated kernel, so nothing crosses to the host."""
+    bool mask; RoBERTa counts its position ids with integer arithmetic and a CumSum; CLIP's
+    text model pools at the ArgMax of its token ids. All of it runs in generated kernels, so
+    nothing crosses to the host, and the outputs match eager PyTorch."""
     import torch
     import transformers
 
-    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                                     intermediate_size=64, vocab_size=50, attn_implementation="sdpa")
-    model = transformers.BertModel(config).eval()
-    ids = torch.from_numpy(np.random.default_rng(15).integers(0, 50, (2, 16)))
+    config_name, model_name, ops = TEXT_MODELS[name]
+    config = getattr(transformers, config_name)(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, vocab_size=50,
+        pad_token_id=1, bos_token_id=0, eos_token_id=2, attn_implementation="sdpa")
+    model = getattr(transformers, model_name)(config).eval()
+    ids = torch.from_numpy(np.random.default_rng(15).integers(3, 50, (2, 16)))
+    ids[0, 9] = 2  # CLIP pools at the end-of-text token (the largest id in its vocabulary)
     mask = torch.ones(2, 16, dtype=torch.long)
     mask[1, 11:] = 0
     graph = tilefold.optimize(tilefold.from_torch(model, (ids, mask)), "gpu").graph
-    assert "GatherND" in {n.op for n in graph.nodes()}
+    assert ops <= {n.op for n in graph.nodes()}
     exe = TritonExecutable(graph, device="interp")
     got = list(exe(dict(zip(graph.input_types(), (ids.numpy(), mask.numpy())))).values())
     with torch.no_grad():

@@ -210,3 +210,78 @@ def test_sdpa_safe_softmax_guard(kit, device, fuse):
     np.testing.assert_allclose(got["p"], ref["p"], rtol=1e-6, atol=1e-7)
     exe = TritonExecutable(g, device=device, fuse=fuse)
     assert exe.fallback_nodes == [] and any(step.plan is not None and "any" in step.plan.name for step in exe.steps)
+
+
+def _cumsum(x: np.ndarray, axis: int, exclusive: bool, reverse: bool) -> np.ndarray:
+    """ONNX CumSum by a sequential NumPy loop over the axis (the reference)."""
+    moved = np.moveaxis(x, axis, 0)
+    order = range(moved.shape[0] - 1, -1, -1) if reverse else range(moved.shape[0])
+    out, total = np.empty_like(moved), np.zeros_like(moved[0])
+    for k in order:
+        if exclusive:
+            out[k] = total
+        total = total + moved[k]
+        if not exclusive:
+            out[k] = total
+    return np.moveaxis(out, 0, axis)
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, F32])
+@pytest.mark.parametrize("exclusive", [0, 1])
+@pytest.mark.parametrize("reverse", [0, 1])
+@pytest.mark.parametrize("axis", [1, -1])
+def test_cumsum_along_a_row_in_every_direction(kit, device, dtype, exclusive, reverse, axis):
+    """Position ids (a cumulative count of real tokens) in int64 and int32, exactly, with values
+    past float32's 2**24; float rows within rounding of a sequential sum."""
+    rng = np.random.default_rng(20)
+    x = rng.integers(-2**30, 2**30, (2, 9, 13)).astype(dtype) if dtype != F32 else \
+        rng.standard_normal((2, 9, 13)).astype(F32)
+    if dtype == np.int32:
+        x //= 64  # sums of 13 stay inside int32
+    g = Graph("cumsum")
+    xv = g.add_input("x", TensorType(x.shape, dtype))
+    a = g.add_constant(np.array(axis, np.int64), name="axis")
+    g.add_output(kit.add(g, "CumSum", [xv, a], {"exclusive": exclusive, "reverse": reverse}), "y")
+    got, _ = kit.run_both(g, {"x": x}, device)
+    want = _cumsum(x, axis, bool(exclusive), bool(reverse))
+    assert got["y"].dtype == dtype
+    if dtype == F32:
+        np.testing.assert_allclose(got["y"], want, rtol=1e-5, atol=1e-5)
+    else:
+        np.testing.assert_array_equal(got["y"], want)
+
+
+@pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
+@pytest.mark.parametrize("axis,keepdims", [(1, 1), (-1, 0)])
+@pytest.mark.parametrize("last", [0, 1])
+@pytest.mark.parametrize("dtype", [F32, np.int32, np.int64])
+def test_arg_extremes_take_the_first_or_last_tie_and_the_first_nan(kit, device, op, axis, keepdims, last, dtype):
+    """Rows of few distinct values (ties everywhere); float rows with a NaN, whose index is
+    the answer (NumPy's rule; with select_last_index, the last NaN)."""
+    rng = np.random.default_rng(21)
+    x = rng.integers(-3, 3, (2, 11, 9)).astype(dtype)
+    if dtype == F32:
+        x[0, 4, 2] = x[1, 7, 5] = x[1, 2, 5] = np.nan
+    g = Graph("arg")
+    xv = g.add_input("x", TensorType(x.shape, dtype))
+    g.add_output(kit.add(g, op, [xv], {"axis": axis, "keepdims": keepdims, "select_last_index": last}), "y")
+    got, _ = kit.run_both(g, {"x": x}, device)
+    fn = np.argmax if op == "ArgMax" else np.argmin
+    size = x.shape[axis]
+    want = size - 1 - fn(np.flip(x, axis), axis=axis, keepdims=bool(keepdims)) if last else \
+        fn(x, axis=axis, keepdims=bool(keepdims))
+    assert got["y"].dtype == np.int64
+    np.testing.assert_array_equal(got["y"], want)
+
+
+@pytest.mark.parametrize("op", ["CumSum", "ArgMax", "ArgMin"])
+def test_scan_conformance_cases(kit, device, op):
+    """Every case on float32, int32 or int64 data (most CumSum cases are float64, which Triton
+    kernels do not compute in: those run on the NumPy backend)."""
+    cases = [case for case in kit.conformance_cases(lambda ops: ops == {op})
+             if np.asarray(case.data_sets[0][0][0]).dtype in (F32, np.int32, np.int64)]
+    assert len(cases) >= 2
+    for case in cases:
+        for y, want in kit.run_conformance_case(case, device):
+            np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-6, err_msg=case.name)
+            assert y.dtype == want.dtype, case.name
