@@ -154,12 +154,30 @@ DECOMPOSED = (torch.ops.aten.native_group_norm, torch.ops.aten.linalg_vector_nor
 it has (reductions, elementwise arithmetic, views): decomposed rather than run eagerly."""
 
 
+def _flash_attention_for_cpu(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_p: float = 0.0,
+                             is_causal: bool = False, *, attn_mask: torch.Tensor | None = None,
+                             scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CPU flash attention as its math, its output laid out as the kernel writes it.
+
+    PyTorch's own decomposition returns the output in (L, N, H, E) memory order, which the
+    kernel of this PyTorch writes as plain (N, H, L, E): a model that traced a view of the
+    kernel's layout (transformers' GPT-2 with sdpa attention: transpose, then a no-op copy,
+    then a view) then failed `torch.export`'s decomposition with "Cannot view a tensor".
+    """
+    output, attn = torch.ops.aten._scaled_dot_product_attention_math.default(
+        query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+        enable_gqa=query.size(1) != key.size(1))
+    return output.contiguous(), attn
+
+
 def decompositions() -> dict:
     """The decomposition table of both the backend and `from_torch`: core ATen plus DECOMPOSED,
-    less the resampling ops that rules convert whole (`fx_ops_nn.RESAMPLING`)."""
+    less the resampling ops that rules convert whole (`fx_ops_nn.RESAMPLING`), with the CPU
+    flash attention's output in the kernel's layout (`_flash_attention_for_cpu`)."""
     from torch._decomp import core_aten_decompositions, get_decompositions
 
-    table = {**core_aten_decompositions(), **get_decompositions(list(DECOMPOSED))}
+    table = {**core_aten_decompositions(), **get_decompositions(list(DECOMPOSED)),
+             torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default: _flash_attention_for_cpu}
     return {op: fn for op, fn in table.items() if op not in RESAMPLING}
 
 

@@ -81,6 +81,38 @@ def test_from_torch_takes_an_attention_mask_despite_export_s_dtype_asserts():
     np.testing.assert_allclose(got[graph.output_names()[0]], want, rtol=1e-4, atol=1e-5)
 
 
+class _KeywordInputs(torch.nn.Module):
+    """A transformers model called as `model(input_ids=..., attention_mask=...)`."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids, attention_mask=mask).last_hidden_state
+
+
+def test_from_torch_decomposes_gpt2_sdpa_attention_in_the_kernel_s_layout():
+    """GPT-2's sdpa attention transposes the attention output and views it: PyTorch's own
+    decomposition of the CPU flash attention lays its output out otherwise than the kernel,
+    and torch.export then failed ("Cannot view a tensor"). Both paths match eager."""
+    from transformers import GPT2Config, GPT2Model
+
+    torch.manual_seed(1)
+    config = GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=50, use_cache=False, attn_implementation="sdpa")
+    model = _KeywordInputs(GPT2Model(config).eval())
+    ids = torch.randint(0, 50, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[1, 6:] = 0
+    with torch.no_grad():
+        want = model(ids, mask).numpy()
+        compiled = torch.compile(model, backend="tilefold")(ids, mask).numpy()
+    graph = tilefold.from_torch(model, (ids, mask))
+    got = tilefold.compile(graph)(dict(zip(graph.inputs, (ids.numpy(), mask.numpy()))))
+    np.testing.assert_allclose(got[graph.output_names()[0]], want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(compiled, want, rtol=1e-4, atol=1e-5)
+
+
 class _GroupNormConv(torch.nn.Module):
     """wav2vec2's feature encoder in small: a conv, GroupNorm and a weight-normed conv."""
 
