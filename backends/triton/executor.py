@@ -366,7 +366,11 @@ class TritonExecutable:
         warps, stages = int(cfg.get("num_warps", 4)), int(cfg.get("num_stages", 2))
         tables = [_from_numpy(t.array).to(target.torch_device) for t in plan.tables]
 
+        empty = all(out.numel() == 0 for out in outs)  # nothing to write (a reduction kept a dim of 0)
+
         def run(args: list[Any], cfg: dict[str, Any] | None = None) -> list[Any]:
+            if empty:
+                return list(outs)
             for out, pad in pads:
                 out.fill_(pad)  # the arena holds an earlier buffer's bytes: the padding must be the pad value
             pointers = [*plan.arguments(args, tables), *outs]

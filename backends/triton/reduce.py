@@ -1,5 +1,5 @@
-"""The row-reduction template: Softmax, LogSoftmax, LayerNormalization, GlobalAveragePool and
-ReduceMean / ReduceSum / ReduceMax / ReduceMin with constant axes.
+"""The row-reduction template: Softmax, LogSoftmax, LayerNormalization, the global pools and
+the ONNX reductions (REDUCE_OPS) with constant axes.
 
 One program per row (every index of the kept dims); the row (the reduced dims, flattened) is
 one block of BLOCK >= its length, read through the operand's encoding and masked to the
@@ -31,7 +31,25 @@ from .indexing import broadcast_index, is_float, is_integer, next_pow2, offset, 
 MAX_BLOCK = 16384
 """Longest row one block holds; longer rows run on the NumPy backend."""
 
-REDUCE_OPS = {"ReduceMean": "mean", "ReduceSum": "sum", "ReduceMax": "max", "ReduceMin": "min"}
+_SAFE_MAX = "tl.where(tl.abs(tl.max(x, axis=0)) == float('inf'), 0.0, tl.max(x, axis=0))"
+REDUCE_OPS: dict[str, tuple[str, str]] = {
+    "ReduceMean": ("tl.sum(x, axis=0) / {n}", "0.0"),
+    "ReduceSum": ("tl.sum(x, axis=0)", "0.0"),
+    "ReduceMax": ("tl.max(x, axis=0)", "-float('inf')"),
+    "ReduceMin": ("tl.min(x, axis=0)", "float('inf')"),
+    "ReduceL1": ("tl.sum(tl.abs(x), axis=0)", "0.0"),
+    "ReduceL2": ("tl.sqrt(tl.sum(x * x, axis=0))", "0.0"),
+    "ReduceSumSquare": ("tl.sum(x * x, axis=0)", "0.0"),
+    "ReduceLogSum": ("tl.log(tl.sum(x, axis=0))", "0.0"),
+    # shifted by the row's largest value; an infinite or empty row is not shifted (its answer is infinite)
+    "ReduceLogSumExp": (f"{_SAFE_MAX} + tl.log(tl.sum(tl.exp(x - {_SAFE_MAX}), axis=0))", "-float('inf')"),
+    "GlobalAveragePool": ("tl.sum(x, axis=0) / {n}", "0.0"),
+    "GlobalMaxPool": ("tl.max(x, axis=0)", "-float('inf')"),
+}
+"""Reductions: op -> (the reduced row `x` as an expression, with `{n}` its length; the value
+masked-off lanes hold)."""
+EXTREMES = frozenset({"ReduceMax", "ReduceMin", "GlobalMaxPool"})
+"""Reductions whose answer is NaN when the row holds one (tl.max and tl.min skip it)."""
 
 BOOL_NEUTRAL = {"ReduceMax": 0, "ReduceMin": 1}
 """The reductions ONNX defines on bool, and the value of a lane past the row for each
@@ -45,14 +63,17 @@ def axes_of(graph: Graph, node: Node) -> tuple[int, ...] | None:
         return (int(node.attrs.get("axis", -1)) % x.rank,)
     if node.op == "LayerNormalization":
         return tuple(range(int(node.attrs.get("axis", -1)) % x.rank, x.rank))
-    if node.op == "GlobalAveragePool":
+    if node.op in ("GlobalAveragePool", "GlobalMaxPool"):
         return tuple(range(2, x.rank))
     if node.op in ("ArgMax", "ArgMin"):
         return (int(node.attrs.get("axis", 0)) % x.rank,)
     values = graph.inputs_of(node.name)
-    axes = graph.constant_value(values[1]) if len(values) > 1 and values[1] is not None else None
-    if axes is None or np.asarray(axes).size == 0:
-        return None
+    given = len(values) > 1 and values[1] is not None
+    axes = graph.constant_value(values[1]) if given else None
+    if given and axes is None:
+        return None  # axes known only at run time
+    if axes is None or np.asarray(axes).size == 0:  # every axis, unless asked for the input back
+        return None if node.attrs.get("noop_with_empty_axes", 0) else tuple(range(x.rank))
     return tuple(sorted({int(a) % x.rank for a in np.asarray(axes).reshape(-1)}))
 
 
@@ -61,7 +82,7 @@ SCANS = frozenset({"CumSum", "ArgMax", "ArgMin"})
 
 
 def supports(graph: Graph, node: Node) -> bool:
-    if node.op not in ("Softmax", "LogSoftmax", "LayerNormalization", "GlobalAveragePool", *REDUCE_OPS, *SCANS):
+    if node.op not in ("Softmax", "LogSoftmax", "LayerNormalization", *REDUCE_OPS, *SCANS):
         return False
     values = graph.inputs_of(node.name)
     x = graph.type_of(values[0]) if values and values[0] is not None else None
@@ -169,8 +190,7 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
     else:
         lines += ["col = tl.arange(0, BLOCK)", f"mask = col < {length}"]
         lines += unravel("col", [shape[d] for d in axes], [names[d] for d in axes])
-    other = "-float('inf')" if op in ("Softmax", "LogSoftmax", "ReduceMax") else (
-        "float('inf')" if op == "ReduceMin" else "0.0")
+    other = REDUCE_OPS[op][1] if op in REDUCE_OPS else "-float('inf')" if op in ("Softmax", "LogSoftmax") else "0.0"
     logical = x_t.dtype == np.bool_
     if logical:
         load = f"tl.load(in0 + {offset(x_t, names)}, mask=mask, other={BOOL_NEUTRAL[op]}).to(tl.int32)"
@@ -198,11 +218,8 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
                          f"  # {graph.value_name(value)}: {t}")
         store_index = list(names)
     else:
-        kind = REDUCE_OPS.get(op, "mean")
-        reduce = {"mean": f"tl.sum(x, axis=0) / {length}", "sum": "tl.sum(x, axis=0)",
-                  "max": "tl.max(x, axis=0)", "min": "tl.min(x, axis=0)"}[kind]
-        lines.append(f"y = {reduce}" + (" != 0" if logical else ""))
-        if kind in ("max", "min") and not logical:  # a NaN in the row is the answer, as in numpy (tl.max skips it)
+        lines.append(f"y = {REDUCE_OPS[op][0].format(n=length)}" + (" != 0" if logical else ""))
+        if op in EXTREMES and not logical:  # a NaN in the row is the answer, as in numpy
             lines.append("y = tl.where(tl.sum((x != x).to(tl.float32), axis=0) > 0, float('nan'), y)")
         keep = bool(node.attrs.get("keepdims", 1))
         store_index = [None if d in axes else names[d] for d in range(len(shape))] if keep else [
@@ -219,6 +236,8 @@ def _source(fn_name: str, params: list[Value], lines: list[str]) -> str:
 
 
 def grid(graph: Graph, nodes: list[Node], config: dict[str, Any]) -> tuple[int, ...]:
+    """One program per row: the product of the kept dims (rows of no elements included)."""
     node = nodes[0]
     x = graph.type_of(graph.inputs_of(node.name)[0])  # type: ignore[arg-type]
-    return (max(1, int(np.prod(x.shape, dtype=np.int64)) // max(1, row_length(graph, node))),)
+    axes = axes_of(graph, node) or ()
+    return (max(1, int(np.prod([int(d) for k, d in enumerate(x.shape) if k not in axes], dtype=np.int64))),)

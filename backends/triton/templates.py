@@ -143,5 +143,5 @@ def supported_ops() -> frozenset[str]:
     from .reduce import REDUCE_OPS, SCANS
 
     return frozenset({*elementwise.OPS, *layout_ops.HEADS, *VIEW_OPS, "MatMul", "Gemm", "Conv", "Softmax",
-                      "LogSoftmax", "LayerNormalization", "GlobalAveragePool", *REDUCE_OPS, *SCANS, "Split", "Transfer",
+                      "LogSoftmax", "LayerNormalization", *REDUCE_OPS, *SCANS, "Split", "Transfer",
                       "Shape", "Size"})

@@ -285,3 +285,41 @@ def test_scan_conformance_cases(kit, device, op):
         for y, want in kit.run_conformance_case(case, device):
             np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-6, err_msg=case.name)
             assert y.dtype == want.dtype, case.name
+
+
+@pytest.mark.parametrize("op", ["ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp",
+                                "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "GlobalAveragePool"])
+def test_reduction_conformance_cases(kit, device, op):
+    """Every float32 case (those that ask for the input back with empty axes are no
+    reductions: they run on the NumPy backend)."""
+    cases = [case for case in kit.conformance_cases(lambda ops: ops == {op})
+             if np.asarray(case.data_sets[0][0][0]).dtype == F32 and "empty_axes_input_noop" not in case.name]
+    assert cases
+    for case in cases:
+        for y, want in kit.run_conformance_case(case, device):
+            np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6, err_msg=case.name)
+
+
+def test_global_max_pool_and_log_sum_exp_of_infinite_rows(kit, device):
+    """GlobalMaxPool over NCHW and over NCHWc16 tiles whose padding holds garbage (NaN
+    answers where a map holds one); ReduceLogSumExp of rows all -inf and holding +inf."""
+    rng = np.random.default_rng(22)
+    x = rng.standard_normal((2, 19, 37)).astype(F32).reshape(2, 19, 37, 1)
+    x[1, 3, 5, 0] = np.nan
+    g = Graph("global_max")
+    packed, shift = _operand(kit, g, x.shape[:3], True)
+    g.add_output(kit.add(g, "GlobalMaxPool", [kit.add(g, "Unsqueeze", [packed, g.add_constant(
+        np.array([3], np.int64), name="axes")])]), "packed")
+    got, _ = kit.run_both(g, {"x": x[..., 0]}, device)
+    want = np.max(x + shift, axis=(2, 3), keepdims=True)
+    np.testing.assert_array_equal(got["packed"], want)
+    rows = rng.standard_normal((3, 6)).astype(F32)
+    rows[0] = -np.inf
+    rows[1, 2] = np.inf
+    g = Graph("lse")
+    rv = g.add_input("r", TensorType(rows.shape, F32))
+    g.add_output(kit.add(g, "ReduceLogSumExp", [rv, g.add_constant(np.array([1], np.int64), name="axes")],
+                         {"keepdims": 0}), "y")
+    got, _ = kit.run_both(g, {"r": rows}, device)
+    with np.errstate(divide="ignore"):
+        np.testing.assert_allclose(got["y"], np.log(np.exp(rows.astype(np.float64)).sum(1)), rtol=1e-6)
