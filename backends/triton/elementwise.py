@@ -86,6 +86,10 @@ def _sum(a: list[str], node: Node, consts: list[Any]) -> str:
     return " + ".join(a)
 
 
+def _mean(a: list[str], node: Node, consts: list[Any]) -> str:
+    return f"({' + '.join(a)}) / {float(len(a))!r}"
+
+
 def _variadic(fn: str, extra: str = "") -> Expr:
     def expr(a: list[str], node: Node, consts: list[Any]) -> str:
         out = a[0]
@@ -136,6 +140,9 @@ OPS: dict[str, Expr] = {
     "Max": _variadic("tl.maximum", NAN),
     "Min": _variadic("tl.minimum", NAN),
     "Sum": _sum,
+    "Mean": _mean,
+    "PRelu": _binary("tl.where({0} < 0.0, {0} * {1}, {0})"),
+    "Sign": _unary("tl.where({0} > 0.0, 1.0, tl.where({0} < 0.0, -1.0, {0} * 0.0))"),  # NaN stays NaN
     "Where": lambda a, node, c: f"tl.where({a[0]}, {a[1]}, {a[2]})",
     "Clip": _clip,
 }

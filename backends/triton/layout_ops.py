@@ -1,6 +1,7 @@
 """Layout and movement ops: Pack, Unpack, Identity and Cast as copies inside a chain, and
-Transpose, Reshape (Flatten, Squeeze, Unsqueeze), the Gathers, Expand, Slice, Concat, the pools
-(pool.py), LRN (lrn.py), Resize (resize.py) and Pad (pad.py) as chain heads.
+Transpose, Reshape (Flatten, Squeeze, Unsqueeze), the Gathers, Expand, Slice, Concat, Tile,
+Trilu, DepthToSpace, SpaceToDepth, the pools (pool.py), LRN (lrn.py), Resize (resize.py) and
+Pad (pad.py) as chain heads.
 
 In logical coordinates a Pack or an Unpack is the identity: the chain template
 (elementwise.py) reads the operand through its encoding and writes the result through its
@@ -13,8 +14,10 @@ A head starts a chain by reading its operand at a remapped index of the chain's 
 a Transpose at the permuted index, a Reshape at the same row-major position (so a reshape of a
 packed or permuted buffer is one copy), a Gather, GatherND or GatherElements at the looked-up
 index, an Expand at the broadcast index, a Slice at start + i * step, a Concat from the
-operand whose range holds i, a Resize at the source indices of its taps (looked up in Tables:
-codegen.py), a Pad at i - before, masked, clamped, reflected or wrapped by its mode.
+operand whose range holds i, a Tile at i modulo the operand's extent, a DepthToSpace or
+SpaceToDepth at the channel and position its block order maps i to, a Trilu at i (0 outside
+the triangle), a Resize at the source indices of its taps (looked up in Tables: codegen.py),
+a Pad at i - before, masked, clamped, reflected or wrapped by its mode.
 """
 from __future__ import annotations
 
@@ -130,6 +133,61 @@ def gather_elements_head(graph: Graph, node: Node, names: list[str], params: lis
     return lines + [f"x_t = {_load(graph, data, index, params, f'{node.name} ({node.op})', [*names, 'idx'])}"], "x_t"
 
 
+def _constant_ints(graph: Graph, node: Node, slot: int) -> list[int] | None:
+    """Input `slot` as a list of ints when it is a constant (None when missing or computed)."""
+    values = graph.inputs_of(node.name)
+    value = values[slot] if len(values) > slot else None
+    const = graph.constant_value(value) if value is not None else None
+    return None if const is None else [int(v) for v in np.asarray(const).reshape(-1)]
+
+
+def _head(node: Node, graph: Graph, index: list[str | None], names: list[str], params: list[Value],
+          lines: list[str] | None = None) -> tuple[list[str], str]:
+    """A head reading its first operand at `index`, after `lines`."""
+    value = graph.inputs_of(node.name)[0]
+    assert value is not None
+    return [*(lines or []), f"x_t = {_load(graph, value, index, params, f'{node.name} ({node.op})', names)}"], "x_t"
+
+
+def depth_to_space_head(graph: Graph, node: Node, names: list[str], params: list[Value]) -> tuple[list[str], str]:
+    """Result (n, c, h * b + di, w * b + dj) reads channel (di * b + dj) * C' + c (DCR) or
+    c * b * b + di * b + dj (CRD) at (h, w)."""
+    b = int(node.attrs["blocksize"])
+    per_block = int(node.outputs[0].shape[1])
+    n, c, y, x = names
+    di, dj = f"({y} % {b})", f"({x} % {b})"
+    channel = (f"({di} * {b} + {dj}) * {per_block} + {c}" if node.attrs.get("mode", "DCR") == "DCR"
+               else f"{c} * {b * b} + {di} * {b} + {dj}")
+    return _head(node, graph, [n, channel, f"{y} // {b}", f"{x} // {b}"], names, params)
+
+
+def space_to_depth_head(graph: Graph, node: Node, names: list[str], params: list[Value]) -> tuple[list[str], str]:
+    """Result (n, (di * b + dj) * C + c, h, w) reads (n, c, h * b + di, w * b + dj)."""
+    b = int(node.attrs["blocksize"])
+    channels = int(graph.type_of(graph.inputs_of(node.name)[0]).shape[1])  # type: ignore[arg-type]
+    n, c, y, x = names
+    lines = [f"q = {c} // {channels}"]
+    return _head(node, graph, [n, f"{c} % {channels}", f"{y} * {b} + q // {b}", f"{x} * {b} + q % {b}"], names,
+                 params, lines)
+
+
+def tile_head(graph: Graph, node: Node, names: list[str], params: list[Value]) -> tuple[list[str], str]:
+    """Result index i reads the operand at i modulo its extent, per dim."""
+    t = graph.type_of(graph.inputs_of(node.name)[0])  # type: ignore[arg-type]
+    index: list[str | None] = [f"{i} % {int(d)}" if int(d) > 1 else None for i, d in zip(names, t.shape)]
+    return _head(node, graph, index, names, params)
+
+
+def trilu_head(graph: Graph, node: Node, names: list[str], params: list[Value]) -> tuple[list[str], str]:
+    """The operand where column - row >= k (upper) or <= k (lower), else 0."""
+    k = (_constant_ints(graph, node, 1) or [0])[0]
+    row, col = names[-2:]
+    keep = f"({col} - {row} >= {k})" if node.attrs.get("upper", 1) else f"({col} - {row} <= {k})"
+    lines, var = _head(node, graph, list(names), names, params)
+    zero = register_dtype(node.outputs[0])
+    return [*lines, f"x_t = tl.where({keep}, {var}, tl.zeros([BLOCK], dtype={zero}))"], "x_t"
+
+
 def expand_head(graph: Graph, node: Node, names: list[str], params: list[Value]) -> tuple[list[str], str]:
     """Expand: the operand broadcast numpy-style to the result."""
     value = graph.inputs_of(node.name)[0]
@@ -189,7 +247,8 @@ def concat_head(graph: Graph, node: Node, names: list[str], params: list[Value])
 
 
 HEADS = {"Transpose": transpose_head, "Gather": gather_head, "GatherND": gather_nd_head,
-         "GatherElements": gather_elements_head, "MaxPool": pool.pool_head,
+         "GatherElements": gather_elements_head, "DepthToSpace": depth_to_space_head,
+         "SpaceToDepth": space_to_depth_head, "Tile": tile_head, "Trilu": trilu_head, "MaxPool": pool.pool_head,
          "AveragePool": pool.pool_head, "LRN": lrn.lrn_head, "Resize": resize.resize_head,
          "Pad": pad.pad_head, "Expand": expand_head, "Slice": slice_head, "Concat": concat_head,
          **{op: reshape_head for op in RESHAPES}}
@@ -201,21 +260,28 @@ SUPPORTS = {"MaxPool": pool.supports, "AveragePool": pool.supports, "LRN": lrn.s
 
 
 def supports_head(graph: Graph, node: Node) -> bool:
-    """A movement op on a static float or bool operand (Gather: integer indices), or a variant
-    a head's own module supports."""
+    """A movement op on a static float, bool or integer operand (the Gathers: integer indices;
+    Tile, Trilu: constant repeats and k), or a variant a head's own module supports."""
     if node.op in SUPPORTS:
         return SUPPORTS[node.op](graph, node)
     if node.op not in HEADS or len(node.outputs) != 1:
         return False
     values = graph.inputs_of(node.name)
     x, out = values[0], node.outputs[0]
-    if x is None or not value_ok(graph.type_of(x)) or not value_ok(out):
+    x_type = graph.type_of(x) if x is not None else None
+    if x_type is None or not value_ok(x_type) or not value_ok(out):
         return False
     if node.op in ("Gather", "GatherND", "GatherElements"):
         i_t = graph.type_of(values[1]) if len(values) > 1 and values[1] is not None else None
         return i_t is not None and i_t.is_static and i_t.dtype.kind == "i"
     if node.op == "Slice":
         return slice_starts(graph, node) is not None
+    if node.op in ("DepthToSpace", "SpaceToDepth"):
+        return x_type.rank == 4 and (node.op == "DepthToSpace" or node.attrs.get("mode", "DCR") == "DCR")
+    if node.op == "Tile":
+        return _constant_ints(graph, node, 1) is not None
+    if node.op == "Trilu":
+        return x_type.rank >= 2 and (len(values) < 2 or values[1] is None or _constant_ints(graph, node, 1) is not None)
     if node.op == "Concat":
         return all(v is not None and value_ok(graph.type_of(v)) for v in values)
     return True

@@ -480,3 +480,66 @@ def test_pow_by_a_large_whole_or_a_computed_exponent_stays_on_numpy(kit, device)
     assert sorted(exe.fallback_nodes) == ["big", "varying"]
     np.testing.assert_allclose(got["a"], feeds["x"] ** 11, rtol=1e-6)
     np.testing.assert_allclose(got["b"], feeds["x"] ** feeds["e"], rtol=1e-6)
+
+
+@pytest.mark.parametrize("op", ["DepthToSpace", "SpaceToDepth", "Tile", "Trilu"])
+def test_index_remapping_heads_pass_the_conformance_cases(kit, device, op):
+    """Every case on float32 or int64 data, its other inputs made constants (the block orders
+    DCR and CRD, repeats, the triangles above and below k, square and not), but SpaceToDepth's
+    CRD mode: opset 28 added it, and tilefold reads opset 21, which has no such mode."""
+    cases = [case for case in kit.conformance_cases(lambda ops: ops == {op})
+             if np.asarray(case.data_sets[0][0][0]).dtype in (F32, np.int64)
+             and case.name != "test_spacetodepth_crd_mode_example"]
+    assert cases
+    for case in cases:
+        for y, want in kit.run_conformance_case(case, device):
+            np.testing.assert_array_equal(y, want, err_msg=case.name)
+
+
+def test_remapping_heads_read_packed_and_integer_operands(kit, device):
+    """DepthToSpace then SpaceToDepth of an NCHWc16 buffer gives the operand back; Tile and an
+    upper Trilu with k = -1 of int64 values."""
+    rng = np.random.default_rng(17)
+    x = rng.standard_normal((2, 36, 5, 3)).astype(F32)
+    ids = rng.integers(-2**40, 2**40, (4, 5))
+    enc = PackedEncoding((1,), (16,))
+    g = Graph("remap")
+    xp = kit.add(g, "Pack", [g.add_input("x", TensorType(x.shape, F32))], {"encoding": enc}, encoding=enc)
+    wide = kit.add(g, "DepthToSpace", [xp], {"blocksize": 3, "mode": "CRD"})
+    g.add_output(kit.add(g, "SpaceToDepth", [wide], {"blocksize": 3}), "round_trip")
+    g.add_output(wide, "wide")
+    iv = g.add_input("ids", TensorType(ids.shape, np.int64))
+    tiled = kit.add(g, "Tile", [iv, g.add_constant(np.array([2, 3], np.int64), name="repeats")])
+    g.add_output(kit.add(g, "Trilu", [tiled, g.add_constant(np.array(-1, np.int64), name="k")]), "upper")
+    got, _ = kit.run_both(g, {"x": x, "ids": ids}, device)
+    crd = x.reshape(2, 4, 3, 3, 5, 3).transpose(0, 1, 4, 2, 5, 3).reshape(2, 4, 15, 9)
+    np.testing.assert_array_equal(got["wide"], crd)
+    dcr_of_crd = crd.reshape(2, 4, 5, 3, 3, 3).transpose(0, 3, 5, 1, 2, 4).reshape(2, 36, 5, 3)
+    np.testing.assert_array_equal(got["round_trip"], dcr_of_crd)
+    np.testing.assert_array_equal(got["upper"], np.triu(np.tile(ids, (2, 3)), -1))
+
+
+@pytest.mark.parametrize("op", ["PRelu", "Sign", "Mean"])
+def test_prelu_sign_and_mean_pass_the_conformance_cases(kit, device, op):
+    cases = [case for case in kit.conformance_cases(lambda ops: ops == {op})
+             if np.asarray(case.data_sets[0][0][0]).dtype == F32]
+    assert cases
+    for case in cases:
+        for y, want in kit.run_conformance_case(case, device):
+            np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-7, err_msg=case.name)
+
+
+def test_prelu_with_a_per_channel_slope_on_nchwc16_and_sign_of_nan(kit, device):
+    rng = np.random.default_rng(18)
+    x = rng.standard_normal((2, 20, 3, 3)).astype(F32)
+    x[0, 1, 2, 2] = np.nan
+    slope = rng.standard_normal((20, 1, 1)).astype(F32)
+    enc = PackedEncoding((1,), (16,))
+    g = Graph("prelu")
+    xp = kit.add(g, "Pack", [g.add_input("x", TensorType(x.shape, F32))], {"encoding": enc}, encoding=enc)
+    y = kit.add(g, "PRelu", [xp, g.add_constant(slope, name="slope")], encoding=enc)
+    g.add_output(kit.add(g, "Unpack", [kit.add(g, "Sign", [y], encoding=enc)]), "sign")
+    g.add_output(kit.add(g, "Unpack", [y]), "prelu")
+    got, _ = kit.run_both(g, {"x": x}, device)
+    np.testing.assert_array_equal(got["prelu"], np.where(x < 0, x * slope, x))
+    np.testing.assert_array_equal(got["sign"], np.sign(np.where(x < 0, x * slope, x)))
