@@ -10,6 +10,11 @@ group, so the padding of a channel-tiled buffer is never read. Each program comp
 pixels x BLOCK_N channels; the bias and the fused elementwise nodes (BatchNorm's scale and
 shift, activation, residual add) are applied before the one store.
 
+ConvTranspose is the same GEMM gathering instead of striding: output pixel p takes input
+pixel (p + pad - tap * dilation) / stride for the taps where that divides (the others are
+masked, so a stride-2 kernel skips 3 of 4 taps of a 2-D window), over the weight's
+(C, F/g, *k) layout.
+
 The code is written over a list of spatial dims, so a 1-D conv (Whisper's input stem,
 Wav2Vec2's feature extractor and positional conv) has one window loop and no H index at
 all. The gpu target tiles 2-D convs only, so 1-D ones come plain from `optimize`; a
@@ -24,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ...graph.graph import Graph, Node
+from ...graph.ops.shapes import transposed_window
 from ...graph.types import TensorType, Value
 from .elementwise import Loader, emit_chain, store_expr
 from .indexing import is_float, next_pow2, offset, unravel
@@ -34,8 +40,11 @@ SPATIAL_RANKS = frozenset({1, 2})
 
 
 def supports(graph: Graph, node: Node) -> bool:
-    """A 1-D or 2-D Conv with explicit padding on static float operands of one dtype."""
-    if node.op != "Conv" or node.attrs.get("auto_pad", "NOTSET") != "NOTSET":
+    """A 1-D or 2-D Conv with explicit padding, or ConvTranspose, on static float operands of
+    one dtype."""
+    if node.op not in ("Conv", "ConvTranspose"):
+        return False
+    if node.op == "Conv" and node.attrs.get("auto_pad", "NOTSET") != "NOTSET":
         return False
     values = graph.inputs_of(node.name)
     types = [graph.type_of(v) if v is not None else None for v in values]
@@ -65,6 +74,9 @@ class Geometry:
     dilations: tuple[int, ...]
     pads: tuple[int, ...]
     """Padding at the start of each spatial dim (the end's follows from `out`)."""
+    transposed: bool = False
+    """ConvTranspose: output pixel p takes input pixel (p + pad - tap * dilation) / stride
+    where that divides; the weight is (C, F/g, *k)."""
 
     @property
     def fg(self) -> int:
@@ -87,18 +99,26 @@ class Geometry:
 
 
 def geometry(graph: Graph, node: Node) -> Geometry:
-    """The sizes of Conv `node`, read from its static operand and result types and attributes."""
+    """The sizes of Conv or ConvTranspose `node`, read from its static operand and result
+    types and attributes."""
     x = graph.type_of(graph.inputs_of(node.name)[0])  # type: ignore[arg-type]
     w = graph.type_of(graph.inputs_of(node.name)[1])  # type: ignore[arg-type]
     nd = x.rank - 2
     group = int(node.attrs.get("group", 1))
-    pads = tuple(int(p) for p in node.attrs.get("pads") or (0,) * (2 * nd))
+    size, kernel = tuple(int(d) for d in x.shape[2:]), tuple(int(d) for d in w.shape[2:])
+    transposed = node.op == "ConvTranspose"
+    if transposed:
+        f, cg = int(w.shape[1]) * group, int(w.shape[0]) // group
+        pads = transposed_window(node.op, node.attrs, size, kernel)[1]
+    else:
+        f, cg = int(w.shape[0]), int(w.shape[1])
+        pads = tuple(int(p) for p in node.attrs.get("pads") or (0,) * (2 * nd))[:nd]
     return Geometry(
-        n=int(x.shape[0]), c=int(x.shape[1]), f=int(w.shape[0]), cg=int(w.shape[1]), group=group,
-        size=tuple(int(d) for d in x.shape[2:]), kernel=tuple(int(d) for d in w.shape[2:]),
+        n=int(x.shape[0]), c=int(x.shape[1]), f=f, cg=cg, group=group, size=size, kernel=kernel,
         out=tuple(int(d) for d in node.outputs[0].shape[2:]),
         strides=tuple(int(s) for s in node.attrs.get("strides") or (1,) * nd),
-        dilations=tuple(int(d) for d in node.attrs.get("dilations") or (1,) * nd), pads=pads[:nd])
+        dilations=tuple(int(d) for d in node.attrs.get("dilations") or (1,) * nd), pads=tuple(pads),
+        transposed=transposed)
 
 
 def tiles(graph: Graph, nodes: list[Node]) -> list[tuple[str, TensorType, int, str]]:
@@ -106,9 +126,10 @@ def tiles(graph: Graph, nodes: list[Node]) -> list[tuple[str, TensorType, int, s
     values = graph.inputs_of(node.name)
     x, w = graph.type_of(values[0]), graph.type_of(values[1])  # type: ignore[arg-type]
     out = nodes[-1].outputs[0]
+    outputs, inputs = (1, 0) if nodes[0].op == "ConvTranspose" else (0, 1)  # the weight's channel dims
     return [(f"operand 0 ({graph.value_name(values[0])})", x, 1, "BLOCK_K"),  # type: ignore[arg-type]
-            (f"operand 1 ({graph.value_name(values[1])})", w, 0, "BLOCK_N"),  # type: ignore[arg-type]
-            (f"operand 1 ({graph.value_name(values[1])})", w, 1, "BLOCK_K"),  # type: ignore[arg-type]
+            (f"operand 1 ({graph.value_name(values[1])})", w, outputs, "BLOCK_N"),  # type: ignore[arg-type]
+            (f"operand 1 ({graph.value_name(values[1])})", w, inputs, "BLOCK_K"),  # type: ignore[arg-type]
             (f"result ({nodes[-1].name})", out, 1, "BLOCK_N")]
 
 
@@ -132,10 +153,25 @@ def _input_index(g: Geometry, d: int) -> str:
     return f"({expr})"
 
 
+def _transposed_index(g: Geometry, d: int) -> list[str]:
+    """Lines giving the input coordinate `i*` of ConvTranspose along spatial dim `d` from its
+    numerator `t*` = p + pad - tap * dilation (a valid tap where it divides by the stride)."""
+    letter, tap = g.letters[d], g.taps[d]
+    pad, dilation, stride = g.pads[d], g.dilations[d], g.strides[d]
+    numerator = f"p{letter}" + (f" + {pad}" if pad > 0 else f" - {-pad}" if pad < 0 else "")
+    numerator += f" - {tap}" if dilation == 1 else f" - {tap} * {dilation}"
+    return [f"t{letter} = {numerator}", f"i{letter} = t{letter}" if stride == 1 else f"i{letter} = t{letter} // {stride}"]
+
+
 def _in_image(g: Geometry, d: int) -> list[str]:
     """Bounds checks of input coordinate `i*` along spatial dim `d`, leaving out those no tap
-    can fail (no padding before; the last output's last tap inside the image)."""
+    can fail (no padding before; the last output's last tap inside the image). ConvTranspose
+    checks its numerator: not negative, divisible by the stride, and inside the image."""
     i = f"i{g.letters[d]}"
+    if g.transposed:
+        t = f"t{g.letters[d]}"
+        divides = [f"({t} % {g.strides[d]} == 0)"] if g.strides[d] > 1 else []
+        return [f"({t} >= 0)", *divides, f"({i} < {g.size[d]})"]
     checks = [f"({i} >= 0)"] if g.pads[d] else []
     last = (g.out[d] - 1) * g.strides[d] - g.pads[d] + (g.kernel[d] - 1) * g.dilations[d]
     return checks + ([f"({i} < {g.size[d]})"] if last >= g.size[d] else [])
@@ -147,7 +183,8 @@ def _window_loops(g: Geometry) -> tuple[list[str], str]:
     lines: list[str] = []
     for d, (tap, letter) in enumerate(zip(g.taps, g.letters)):
         indent = "    " * d
-        lines += [f"{indent}for {tap} in range({g.kernel[d]}):", f"{indent}    i{letter} = {_input_index(g, d)}"]
+        coordinate = _transposed_index(g, d) if g.transposed else [f"i{letter} = {_input_index(g, d)}"]
+        lines += [f"{indent}for {tap} in range({g.kernel[d]}):", *(f"{indent}    {line}" for line in coordinate)]
     body = "    " * len(g.kernel)
     checks = [f"(pm < {g.pixels})"] + [c for d in range(len(g.kernel)) for c in _in_image(g, d)]
     lines.append(f"{body}row_ok = {' & '.join(checks)}")
@@ -162,15 +199,17 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
     x_t, w_t = graph.type_of(values[0]), graph.type_of(values[1])  # type: ignore[arg-type]
     g = geometry(graph, node)
     x_index = [N_IDX, "(cg0 + rc)[None, :]", *(f"i{letter}[:, None]" for letter in g.letters)]
-    w_index = ["rf[None, :]", "rc[:, None]", *g.taps]
+    w_index = (["(cg0 + rc)[:, None]", "rfg[None, :]", *g.taps] if g.transposed
+               else ["rf[None, :]", "rc[:, None]", *g.taps])
     precision = ", input_precision=PRECISION" if x_t.dtype.name == "float32" else ""
     window, body = _window_loops(g)
     lines = [
         "pid_m = tl.program_id(0)", "pid_n = tl.program_id(1)", "grp = tl.program_id(2)",
         "pm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
         *unravel("pm", (g.n, *g.out), ["pn", *(f"p{letter}" for letter in g.letters)]),
-        f"rf = grp * {g.fg} + pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
-        f"f_ok = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) < {g.fg}",
+        "rfg = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
+        f"rf = grp * {g.fg} + rfg",
+        f"f_ok = rfg < {g.fg}",
         f"cg0 = grp * {g.cg}",
         "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
         *window,

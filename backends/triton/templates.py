@@ -142,6 +142,6 @@ def supported_ops() -> frozenset[str]:
     also depends on its types, and an unsupported one falls back to the NumPy backend)."""
     from .reduce import REDUCE_OPS, SCANS
 
-    return frozenset({*elementwise.OPS, *layout_ops.HEADS, *VIEW_OPS, "MatMul", "Gemm", "Conv", "Softmax",
-                      "LogSoftmax", "LayerNormalization", *REDUCE_OPS, *SCANS, "Split", "Transfer",
+    return frozenset({*elementwise.OPS, *layout_ops.HEADS, *VIEW_OPS, "MatMul", "Gemm", "Conv", "ConvTranspose",
+                      "Softmax", "LogSoftmax", "LayerNormalization", *REDUCE_OPS, *SCANS, "Split", "Transfer",
                       "Shape", "Size"})

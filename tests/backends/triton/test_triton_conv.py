@@ -59,6 +59,49 @@ def test_conv_matches_torch(kit, device, case, packed):
     np.testing.assert_allclose(got["y"], ref["y"], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("case", [
+    dict(c=5, f=7, k=3, stride=2, pad=1, out_pad=1, dilation=1, group=1, size=(4, 5)),  # a U-Net's upsampling
+    dict(c=6, f=4, k=2, stride=2, pad=0, out_pad=0, dilation=1, group=2, size=(3, 3)),
+    dict(c=3, f=18, k=4, stride=3, pad=2, out_pad=2, dilation=2, group=1, size=(5, 4)),
+    dict(c=17, f=3, k=3, stride=1, pad=1, out_pad=0, dilation=1, group=1, size=(6, 6)),
+])
+@pytest.mark.parametrize("packed_input", [False, True])
+def test_conv_transpose_matches_torch(kit, device, case, packed_input):
+    """Strides that skip taps, output padding, dilation and groups; the input plain or NCHWc16,
+    a ReLU fused into the store."""
+    rng = np.random.default_rng(case["f"])
+    h, wd = case["size"]
+    x = rng.standard_normal((2, case["c"], h, wd)).astype(F32)
+    w = rng.standard_normal((case["c"], case["f"] // case["group"], case["k"], case["k"])).astype(F32)
+    b = rng.standard_normal(case["f"]).astype(F32)
+    g = Graph("conv_transpose")
+    xv = g.add_input("x", TensorType(x.shape, F32))
+    if packed_input:
+        xv = kit.add(g, "Pack", [xv], {"encoding": ACT}, encoding=ACT)
+    attrs = {"strides": (case["stride"],) * 2, "pads": (case["pad"],) * 4, "dilations": (case["dilation"],) * 2,
+             "group": case["group"], "output_padding": (case["out_pad"],) * 2}
+    y = kit.add(g, "ConvTranspose", [xv, g.add_constant(w, name="w"), g.add_constant(b, name="b")], attrs)
+    g.add_output(kit.add(g, "Relu", [y]), "y")
+    got, _ = kit.run_both(g, {"x": x}, device)
+    want = torch.nn.functional.conv_transpose2d(
+        torch.from_numpy(x).double(), torch.from_numpy(w).double(), torch.from_numpy(b).double(),
+        stride=case["stride"], padding=case["pad"], output_padding=case["out_pad"], groups=case["group"],
+        dilation=case["dilation"]).clamp_min(0).numpy()
+    np.testing.assert_allclose(got["y"], want, rtol=1e-4, atol=1e-4)
+    assert len(kernel_sources(g)) == 1 + packed_input
+
+
+def test_conv_transpose_conformance_cases(kit, device):
+    """Every 1-D and 2-D case (output_shape, auto_pad, pads, dilations, kernel_shape); 3-D ones
+    run on the NumPy backend."""
+    cases = [case for case in kit.conformance_cases(lambda ops: ops == {"ConvTranspose"})
+             if np.asarray(case.data_sets[0][0][0]).ndim in (3, 4)]
+    assert len(cases) >= 8
+    for case in cases:
+        for y, want in kit.run_conformance_case(case, device):
+            np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5, err_msg=case.name)
+
+
 def test_conv_epilogue_batchnorm_relu_residual_in_one_kernel(kit, device):
     rng = np.random.default_rng(4)
     x = rng.standard_normal((1, 20, 6, 5)).astype(F32)
