@@ -1,5 +1,6 @@
-"""The row-reduction template: Softmax, LogSoftmax, LayerNormalization, the global pools and
-the ONNX reductions (REDUCE_OPS) with constant axes.
+"""The row-reduction template: Softmax, LogSoftmax, LayerNormalization, InstanceNormalization
+(a row per image and channel, scaled and shifted per channel), the global pools and the ONNX
+reductions (REDUCE_OPS) with constant axes.
 
 One program per row (every index of the kept dims); the row (the reduced dims, flattened) is
 one block of BLOCK >= its length, read through the operand's encoding and masked to the
@@ -63,6 +64,8 @@ def axes_of(graph: Graph, node: Node) -> tuple[int, ...] | None:
         return (int(node.attrs.get("axis", -1)) % x.rank,)
     if node.op == "LayerNormalization":
         return tuple(range(int(node.attrs.get("axis", -1)) % x.rank, x.rank))
+    if node.op == "InstanceNormalization":
+        return tuple(range(2, x.rank)) if x.rank > 2 else None
     if node.op in ("GlobalAveragePool", "GlobalMaxPool"):
         return tuple(range(2, x.rank))
     if node.op in ("ArgMax", "ArgMin"):
@@ -77,12 +80,13 @@ def axes_of(graph: Graph, node: Node) -> tuple[int, ...] | None:
     return tuple(sorted({int(a) % x.rank for a in np.asarray(axes).reshape(-1)}))
 
 
+NORMALIZATIONS = frozenset({"LayerNormalization", "InstanceNormalization"})
 SCANS = frozenset({"CumSum", "ArgMax", "ArgMin"})
 """Row ops that walk the row in order (see the module docstring)."""
 
 
 def supports(graph: Graph, node: Node) -> bool:
-    if node.op not in ("Softmax", "LogSoftmax", "LayerNormalization", *REDUCE_OPS, *SCANS):
+    if node.op not in ("Softmax", "LogSoftmax", *NORMALIZATIONS, *REDUCE_OPS, *SCANS):
         return False
     values = graph.inputs_of(node.name)
     x = graph.type_of(values[0]) if values and values[0] is not None else None
@@ -90,7 +94,7 @@ def supports(graph: Graph, node: Node) -> bool:
         return False
     if any(graph.users(Value(node.name, k)) for k in range(1, len(node.outputs))):
         return False
-    if node.op == "LayerNormalization" and any(
+    if node.op in NORMALIZATIONS and any(
             v is not None and not (graph.type_of(v).is_static and is_float(graph.type_of(v))) for v in values[1:]):
         return False
     axes = axes_of(graph, node)
@@ -201,7 +205,7 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
         lines += ["x_max = tl.max(x, axis=0)", "e = tl.exp(x - x_max)", "total = tl.sum(e, axis=0)"]
         lines.append("y = e / total" if op == "Softmax" else "y = x - x_max - tl.log(total)")
         store_index = list(names)
-    elif op == "LayerNormalization":
+    elif op in NORMALIZATIONS:
         eps = float(node.attrs.get("epsilon", 1e-5))
         # the centered row corrected by its own mean (in registers): a row of equal values
         # centers to exactly 0, as the NumPy kernel's float64 mean gives
@@ -213,9 +217,13 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
             if value is None:
                 continue
             t = graph.type_of(value)
-            index = broadcast_index(t, names, shape)
-            lines.append(f"y = y {verb} {_load(value, t, index, parameter(params, value), '0.0')}"
-                         f"  # {graph.value_name(value)}: {t}")
+            param = parameter(params, value)
+            if op == "InstanceNormalization":  # one value per row: its channel's
+                load = f"tl.load({param} + {offset(t, [names[1]])})" + (
+                    "" if t.dtype.name == "float32" else ".to(tl.float32)")
+            else:
+                load = _load(value, t, broadcast_index(t, names, shape), param, "0.0")
+            lines.append(f"y = y {verb} {load}  # {graph.value_name(value)}: {t}")
         store_index = list(names)
     else:
         lines.append(f"y = {REDUCE_OPS[op][0].format(n=length)}" + (" != 0" if logical else ""))
@@ -225,7 +233,7 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
         store_index = [None if d in axes else names[d] for d in range(len(shape))] if keep else [
             names[d] for d in rows]
     where = offset(out, store_index)
-    mask = ", mask=mask" if op in ("Softmax", "LogSoftmax", "LayerNormalization") else ""
+    mask = ", mask=mask" if op in ("Softmax", "LogSoftmax", *NORMALIZATIONS) else ""
     lines.append(f"tl.store(out0 + {where}, {store_expr('y', out)}{mask})  # {node.name} ({op}): {out}")
     return _source(fn_name, params, lines), params
 

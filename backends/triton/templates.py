@@ -140,8 +140,8 @@ def supports(graph: Graph, node: Node) -> bool:
 def supported_ops() -> frozenset[str]:
     """Ops some template runs (for a device's `supports(node)`: whether one runs a given node
     also depends on its types, and an unsupported one falls back to the NumPy backend)."""
-    from .reduce import REDUCE_OPS, SCANS
+    from .reduce import NORMALIZATIONS, REDUCE_OPS, SCANS
 
     return frozenset({*elementwise.OPS, *layout_ops.HEADS, *VIEW_OPS, "MatMul", "Gemm", "Conv", "ConvTranspose",
-                      "Softmax", "LogSoftmax", "LayerNormalization", *REDUCE_OPS, *SCANS, "Split", "Transfer",
+                      "Softmax", "LogSoftmax", *NORMALIZATIONS, *REDUCE_OPS, *SCANS, "Split", "Transfer",
                       "Shape", "Size"})

@@ -60,6 +60,8 @@ def _variants(kit) -> Graph:
     wt = g.add_constant(np.random.default_rng(3).standard_normal((18, 3, 3, 3)).astype(np.float32), name="wt")
     g.add_output(kit.add(g, "ConvTranspose", [x, wt], {"group": 3, "strides": (2, 2), "pads": (1, 1, 1, 1),
                                                        "output_padding": (1, 0)}), "deconv")
+    per_channel = g.add_constant(np.linspace(0.5, 2, 18, dtype=np.float32), name="per_channel")
+    g.add_output(kit.add(g, "InstanceNormalization", [x, per_channel, per_channel]), "instance_norm")
     picks = g.add_constant(np.array([[0, 2], [1, -1]], np.int64), name="picks")
     g.add_output(kit.add(g, "GatherElements", [table, picks], {"axis": 1}), "elements")
     pairs = g.add_constant(np.array([[[1, -2], [0, 5]], [[17, -9], [3, 8]]], np.int64), name="pairs")

@@ -323,3 +323,33 @@ def test_global_max_pool_and_log_sum_exp_of_infinite_rows(kit, device):
     got, _ = kit.run_both(g, {"r": rows}, device)
     with np.errstate(divide="ignore"):
         np.testing.assert_allclose(got["y"], np.log(np.exp(rows.astype(np.float64)).sum(1)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_instance_normalization_per_image_and_channel(kit, device, packed):
+    """Rows over a 2-D map, scaled and shifted per channel; a map of equal values gives its
+    channel's bias exactly; the ONNX conformance cases too."""
+    rng = np.random.default_rng(23)
+    x = rng.standard_normal((2, 19, 37)).astype(F32).reshape(2, 19, 37, 1) * 4
+    x[1, 2] = 0.75
+    scale, bias = rng.standard_normal(19).astype(F32), rng.standard_normal(19).astype(F32)
+    g = Graph("instance_norm")
+    v = _operand(kit, g, x.shape[:3], packed)
+    shift = 0.0
+    if packed:
+        v, shift = v
+        v = kit.add(g, "Unpack", [v])
+    image = kit.add(g, "Unsqueeze", [v, g.add_constant(np.array([3], np.int64), name="axes")])
+    g.add_output(kit.add(g, "InstanceNormalization", [image, g.add_constant(scale, name="scale"),
+                                                       g.add_constant(bias, name="bias")], {"epsilon": 1e-3}), "y")
+    got, _ = kit.run_both(g, {"x": x[..., 0]}, device)
+    y = (x + shift).astype(np.float64)
+    mean, var = y.mean(axis=(2, 3), keepdims=True), y.var(axis=(2, 3), keepdims=True)
+    want = (y - mean) / np.sqrt(var + 1e-3) * scale[:, None, None] + bias[:, None, None]
+    np.testing.assert_allclose(got["y"], want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(got["y"][1, 2], np.full((37, 1), bias[2], F32))
+    cases = kit.conformance_cases(lambda ops: ops == {"InstanceNormalization"})
+    assert cases
+    for case in cases:
+        for out, expected in kit.run_conformance_case(case, device):
+            np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5, err_msg=case.name)
