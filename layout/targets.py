@@ -18,9 +18,20 @@ from ..graph.graph import Node
 from ..graph.types import TensorType
 from .encoding import PackedEncoding, canonical
 
-NHWC = PackedEncoding((), (), (0, 2, 3, 1))
+
+def channels_last(rank: int) -> PackedEncoding:
+    """NWC, NHWC, NDHWC: channels-last activations of any spatial rank."""
+    return PackedEncoding((), (), (0, *range(2, rank), 1))
+
+
+def gemm_weight(rank: int) -> PackedEncoding:
+    """(*k, C/group, F): a conv weight in GEMM form, for any spatial rank."""
+    return PackedEncoding((), (), (*range(2, rank), 1, 0))
+
+
+NHWC = channels_last(4)
 """Channels-last activations: buffer (N, H, W, C)."""
-RSCF = PackedEncoding((), (), (2, 3, 1, 0))
+RSCF = gemm_weight(4)
 """Conv weights in GEMM form: buffer (R, S, C/group, F), i.e. a (R*S*C/group, F) matrix."""
 
 
@@ -64,10 +75,15 @@ class Target:
         return f"<target {self.name}>"
 
 
-def _conv2d(node: Node, in_types: Sequence[TensorType | None]) -> bool:
+def _conv(node: Node, in_types: Sequence[TensorType | None], ranks: frozenset[int]) -> bool:
     x = in_types[0] if in_types else None
     w = in_types[1] if len(in_types) > 1 else None
-    return node.op == "Conv" and x is not None and w is not None and x.rank == 4 and w.rank == 4
+    return node.op == "Conv" and x is not None and w is not None and x.rank in ranks and w.rank == x.rank
+
+
+def _conv2d(node: Node, in_types: Sequence[TensorType | None]) -> bool:
+    return _conv(node, in_types, frozenset({4}))
+
 
 
 def strided_matrices(t: TensorType) -> bool:
@@ -84,18 +100,19 @@ def strided_matrices(t: TensorType) -> bool:
 class CpuTarget(Target):
     """Tuned for the NumPy kernels: channels-last convolution (im2col copies whole channel
     rows and 1x1 convs are GEMMs on the activation buffer with no copy: 48.3 ms against
-    49.8 ms for the NCHW kernel summed over ResNet-50's convs), weights pre-packed as GEMM
-    operands. MatMul and Gemm stay row-major: BLAS reads either operand transposed at no
+    49.8 ms for the NCHW kernel summed over ResNet-50's convs), 1-D ones too (an audio stem's
+    transpose to (N, T, C) is then a relabeling), weights pre-packed as GEMM operands. MatMul and Gemm stay row-major: BLAS reads either operand transposed at no
     cost, and reads and writes strided matrices (attention heads) in place."""
 
     name = "cpu"
 
     def anchor_layout(self, node: Node, in_types: Sequence[TensorType | None]) -> AnchorLayout | None:
-        if not _conv2d(node, in_types):
+        if not _conv(node, in_types, frozenset({3, 4})):
             return None
-        result = node.outputs[0]
-        operands = (canonical(NHWC, in_types[0].shape), RSCF) + (None,) * (len(in_types) - 2)
-        return AnchorLayout(operands, canonical(NHWC, result.shape), reads_identity=True)
+        rank = in_types[0].rank
+        activations = channels_last(rank)
+        operands = (canonical(activations, in_types[0].shape), gemm_weight(rank)) + (None,) * (len(in_types) - 2)
+        return AnchorLayout(operands, canonical(activations, node.outputs[0].shape), reads_identity=True)
 
     def reads(self, node: Node, slot: int, t: TensorType) -> bool:
         return node.op == "MatMul" and slot < 2 and strided_matrices(t)

@@ -34,6 +34,35 @@ def test_an_mlp_needs_no_layout_op(tmp_path):
     assert moving_layout_ops(result.after) == []
 
 
+def test_an_audio_stem_of_1d_convs_needs_no_layout_op():
+    """Whisper's input: Conv1d -> Gelu -> Conv1d (stride 2) -> Gelu -> transpose to (N, T, C)
+    -> LayerNorm. The cpu target runs 1-D convs channels-last too, so the transpose is a
+    relabeling of the second conv's buffer; the result matches onnxruntime."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    init = {"w1": rng.standard_normal((24, 8, 3)) * 0.3, "b1": rng.standard_normal(24) * 0.1,
+            "w2": rng.standard_normal((24, 24, 3)) * 0.2, "b2": rng.standard_normal(24) * 0.1,
+            "scale": rng.standard_normal(24), "shift": rng.standard_normal(24)}
+    n = helper.make_node
+    nodes = [n("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1]), n("Gelu", ["c1"], ["g1"]),
+             n("Conv", ["g1", "w2", "b2"], ["c2"], pads=[1, 1], strides=[2]), n("Gelu", ["c2"], ["g2"]),
+             n("Transpose", ["g2"], ["t"], perm=[0, 2, 1]), n("LayerNormalization", ["t", "scale", "shift"], ["y"])]
+    model = helper.make_model(helper.make_graph(
+        nodes, "audio_stem", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 20])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 10, 24])],
+        initializer=[numpy_helper.from_array(v.astype(np.float32), k) for k, v in init.items()]),
+        opset_imports=[helper.make_opsetid("", 21)])
+    result = optimize(tilefold.load(model), "cpu", verify=True)
+    assert len(moving_layout_ops(result.before)) >= 4
+    assert moving_layout_ops(result.after) == []
+    x = rng.standard_normal((2, 8, 20)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(tilefold.compile(result.after)({"x": x})["y"], want, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["resnet50", "densenet121", "inception_v1", "inception_v2", "squeezenet"])
 def test_light_convnets_need_no_runtime_layout_op(name):
