@@ -224,6 +224,23 @@ def run_conformance_case(case: Any, device: str) -> list[tuple[np.ndarray, np.nd
     return pairs
 
 
+def first_input(case: Any) -> np.ndarray:
+    """The first input of a conformance case's first data set (what its filters look at)."""
+    return np.asarray(case.data_sets[0][0][0])
+
+
+def check_conformance(op: str, device: str, *, keep: Callable[[Any], bool] = lambda case: True,
+                      rtol: float = 0.0, atol: float = 0.0, least: int = 1) -> None:
+    """Runs every ONNX conformance case of `op` alone that `keep` accepts (at least `least`)
+    on `device`, its other inputs made constants, against the case's expected outputs."""
+    cases = [case for case in conformance_cases(lambda ops: ops == {op}) if keep(case)]
+    assert len(cases) >= least, f"{op}: {len(cases)} conformance cases, expected at least {least}"
+    for case in cases:
+        for y, want in run_conformance_case(case, device):
+            assert y.dtype == want.dtype, case.name
+            np.testing.assert_allclose(y, want, rtol=rtol, atol=atol, err_msg=case.name)
+
+
 @pytest.fixture
 def kit():
     """The helpers above, for test modules (test dirs are not packages: no imports between files)."""
@@ -232,4 +249,5 @@ def kit():
     return types.SimpleNamespace(add=add, packed_const=packed_const, run_both=run_both, small_cnn=small_cnn,
                                  residual_cnn=residual_cnn, tiny_transformer=tiny_transformer,
                                  assert_close=assert_close, ort_outputs=ort_outputs,
-                                 conformance_cases=conformance_cases, run_conformance_case=run_conformance_case)
+                                 conformance_cases=conformance_cases, run_conformance_case=run_conformance_case,
+                                 check_conformance=check_conformance, first_input=first_input)

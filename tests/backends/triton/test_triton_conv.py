@@ -94,12 +94,8 @@ def test_conv_transpose_matches_torch(kit, device, case, packed_input):
 def test_conv_transpose_conformance_cases(kit, device):
     """Every 1-D and 2-D case (output_shape, auto_pad, pads, dilations, kernel_shape); 3-D ones
     run on the NumPy backend."""
-    cases = [case for case in kit.conformance_cases(lambda ops: ops == {"ConvTranspose"})
-             if np.asarray(case.data_sets[0][0][0]).ndim in (3, 4)]
-    assert len(cases) >= 8
-    for case in cases:
-        for y, want in kit.run_conformance_case(case, device):
-            np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5, err_msg=case.name)
+    kit.check_conformance("ConvTranspose", device, keep=lambda case: kit.first_input(case).ndim in (3, 4),
+                          rtol=1e-5, atol=1e-5, least=8)
 
 
 def test_conv_epilogue_batchnorm_relu_residual_in_one_kernel(kit, device):

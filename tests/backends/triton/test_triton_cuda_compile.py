@@ -55,8 +55,8 @@ def _variants(kit) -> Graph:
     d2s = kit.add(g, "DepthToSpace", [x], {"blocksize": 3, "mode": "CRD"})
     g.add_output(kit.add(g, "SpaceToDepth", [d2s], {"blocksize": 3}), "s2d")
     tiled = kit.add(g, "Tile", [ids, g.add_constant(np.array([3], np.int64), name="reps")])
-    g.add_output(kit.add(g, "Trilu", [kit.add(g, "Unsqueeze", [tiled, g.add_constant(np.array([0], np.int64),
-                                                                                     name="row")])], {"upper": 0}), "tril")
+    row = kit.add(g, "Unsqueeze", [tiled, g.add_constant(np.array([0], np.int64), name="row")])
+    g.add_output(kit.add(g, "Trilu", [row], {"upper": 0}), "tril")
     wt = g.add_constant(np.random.default_rng(3).standard_normal((18, 3, 3, 3)).astype(np.float32), name="wt")
     g.add_output(kit.add(g, "ConvTranspose", [x, wt], {"group": 3, "strides": (2, 2), "pads": (1, 1, 1, 1),
                                                        "output_padding": (1, 0)}), "deconv")

@@ -258,11 +258,7 @@ def test_gather_nd_of_a_bool_mask_and_of_a_packed_buffer(kit, device):
 
 
 def test_gather_nd_conformance_cases_on_float_data(kit, device):
-    cases = [c for c in kit.conformance_cases(lambda ops: ops == {"GatherND"}) if "float" in c.name]
-    assert cases
-    for case in cases:
-        for y, want in kit.run_conformance_case(case, device):
-            np.testing.assert_array_equal(y, want, err_msg=case.name)
+    kit.check_conformance("GatherND", device, keep=lambda case: kit.first_input(case).dtype == F32)
 
 
 @pytest.mark.parametrize("dtype, axis", [(F32, 1), (np.int64, 0), (np.bool_, -1)])
@@ -281,11 +277,7 @@ def test_gather_elements_reads_along_one_axis(kit, device, dtype, axis):
 
 
 def test_gather_elements_conformance_cases(kit, device):
-    cases = kit.conformance_cases(lambda ops: ops == {"GatherElements"})
-    assert cases
-    for case in cases:
-        for y, want in kit.run_conformance_case(case, device):
-            np.testing.assert_array_equal(y, want, err_msg=case.name)
+    kit.check_conformance("GatherElements", device)
 
 
 def test_integer_chains_compute_ids_exactly_in_their_own_type(kit, device):
@@ -487,13 +479,8 @@ def test_index_remapping_heads_pass_the_conformance_cases(kit, device, op):
     """Every case on float32 or int64 data, its other inputs made constants (the block orders
     DCR and CRD, repeats, the triangles above and below k, square and not), but SpaceToDepth's
     CRD mode: opset 28 added it, and tilefold reads opset 21, which has no such mode."""
-    cases = [case for case in kit.conformance_cases(lambda ops: ops == {op})
-             if np.asarray(case.data_sets[0][0][0]).dtype in (F32, np.int64)
-             and case.name != "test_spacetodepth_crd_mode_example"]
-    assert cases
-    for case in cases:
-        for y, want in kit.run_conformance_case(case, device):
-            np.testing.assert_array_equal(y, want, err_msg=case.name)
+    kit.check_conformance(op, device, keep=lambda case: kit.first_input(case).dtype in (F32, np.int64)
+                          and case.name != "test_spacetodepth_crd_mode_example")
 
 
 def test_remapping_heads_read_packed_and_integer_operands(kit, device):
@@ -521,12 +508,7 @@ def test_remapping_heads_read_packed_and_integer_operands(kit, device):
 
 @pytest.mark.parametrize("op", ["PRelu", "Sign", "Mean"])
 def test_prelu_sign_and_mean_pass_the_conformance_cases(kit, device, op):
-    cases = [case for case in kit.conformance_cases(lambda ops: ops == {op})
-             if np.asarray(case.data_sets[0][0][0]).dtype == F32]
-    assert cases
-    for case in cases:
-        for y, want in kit.run_conformance_case(case, device):
-            np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-7, err_msg=case.name)
+    kit.check_conformance(op, device, keep=lambda case: kit.first_input(case).dtype == F32, rtol=1e-6, atol=1e-7)
 
 
 def test_prelu_with_a_per_channel_slope_on_nchwc16_and_sign_of_nan(kit, device):

@@ -278,13 +278,8 @@ def test_arg_extremes_take_the_first_or_last_tie_and_the_first_nan(kit, device, 
 def test_scan_conformance_cases(kit, device, op):
     """Every case on float32, int32 or int64 data (most CumSum cases are float64, which Triton
     kernels do not compute in: those run on the NumPy backend)."""
-    cases = [case for case in kit.conformance_cases(lambda ops: ops == {op})
-             if np.asarray(case.data_sets[0][0][0]).dtype in (F32, np.int32, np.int64)]
-    assert len(cases) >= 2
-    for case in cases:
-        for y, want in kit.run_conformance_case(case, device):
-            np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-6, err_msg=case.name)
-            assert y.dtype == want.dtype, case.name
+    kit.check_conformance(op, device, keep=lambda case: kit.first_input(case).dtype in (F32, np.int32, np.int64),
+                          rtol=1e-6, atol=1e-6, least=2)
 
 
 @pytest.mark.parametrize("op", ["ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp",
@@ -292,12 +287,8 @@ def test_scan_conformance_cases(kit, device, op):
 def test_reduction_conformance_cases(kit, device, op):
     """Every float32 case (those that ask for the input back with empty axes are no
     reductions: they run on the NumPy backend)."""
-    cases = [case for case in kit.conformance_cases(lambda ops: ops == {op})
-             if np.asarray(case.data_sets[0][0][0]).dtype == F32 and "empty_axes_input_noop" not in case.name]
-    assert cases
-    for case in cases:
-        for y, want in kit.run_conformance_case(case, device):
-            np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6, err_msg=case.name)
+    kit.check_conformance(op, device, rtol=1e-5, atol=1e-6, keep=lambda case: kit.first_input(case).dtype == F32
+                          and "empty_axes_input_noop" not in case.name)
 
 
 def test_global_max_pool_and_log_sum_exp_of_infinite_rows(kit, device):
@@ -348,8 +339,4 @@ def test_instance_normalization_per_image_and_channel(kit, device, packed):
     want = (y - mean) / np.sqrt(var + 1e-3) * scale[:, None, None] + bias[:, None, None]
     np.testing.assert_allclose(got["y"], want, rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(got["y"][1, 2], np.full((37, 1), bias[2], F32))
-    cases = kit.conformance_cases(lambda ops: ops == {"InstanceNormalization"})
-    assert cases
-    for case in cases:
-        for out, expected in kit.run_conformance_case(case, device):
-            np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5, err_msg=case.name)
+    kit.check_conformance("InstanceNormalization", device, rtol=1e-5, atol=1e-5)
