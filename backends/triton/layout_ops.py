@@ -63,6 +63,24 @@ def _load(graph: Graph, value: Value, index: list[str | None], params: list[Valu
     return f"{load}  # {graph.value_name(value)}: {t}, {note}"
 
 
+def _head(node: Node, graph: Graph, index: list[str | None], names: list[str], params: list[Value],
+          lines: list[str] | None = None, blocks: list[str] | None = None) -> tuple[list[str], str]:
+    """A head reading its first operand at `index` (masked where the index walks `blocks`,
+    the result's names by default), after `lines`."""
+    value = graph.inputs_of(node.name)[0]
+    assert value is not None
+    load = _load(graph, value, index, params, f"{node.name} ({node.op})", names if blocks is None else blocks)
+    return [*(lines or []), f"x_t = {load}"], "x_t"
+
+
+def _looked_up(graph: Graph, indices: Value, index: list[str | None], params: list[Value], note: str,
+               blocks: list[str], var: str, size: int) -> list[str]:
+    """Lines loading `var` from the gather indices at `index`, a negative one counted from the
+    end of a dim of `size`."""
+    return [f"{var} = {_load(graph, indices, index, params, note, blocks)}",
+            f"{var} = tl.where({var} < 0, {var} + {size}, {var})"]
+
+
 def transpose_head(graph: Graph, node: Node, names: list[str], params: list[Value]) -> tuple[list[str], str]:
     """Result dim j is operand dim perm[j]."""
     value = graph.inputs_of(node.name)[0]
@@ -72,7 +90,7 @@ def transpose_head(graph: Graph, node: Node, names: list[str], params: list[Valu
     index: list[str | None] = [None] * t.rank
     for j, p in enumerate(perm):
         index[p] = names[j]
-    return [f"x_t = {_load(graph, value, index, params, f'{node.name} ({node.op})', names)}"], "x_t"
+    return _head(node, graph, index, names, params)
 
 
 def reshape_head(graph: Graph, node: Node, names: list[str], params: list[Value]) -> tuple[list[str], str]:
@@ -93,11 +111,9 @@ def gather_head(graph: Graph, node: Node, names: list[str], params: list[Value])
     d_t, i_t = graph.type_of(data), graph.type_of(indices)
     axis = int(node.attrs.get("axis", 0)) % d_t.rank
     idx_names = names[axis:axis + i_t.rank]
-    lines = [f"idx = {_load(graph, indices, list(idx_names), params, 'indices', names)}",
-             f"idx = tl.where(idx < 0, idx + {int(d_t.shape[axis])}, idx)"]
+    lines = _looked_up(graph, indices, list(idx_names), params, "indices", names, "idx", int(d_t.shape[axis]))
     index: list[str | None] = list(names[:axis]) + ["idx"] + list(names[axis + i_t.rank:])
-    blocks = list(names) + (["idx"] if idx_names else [])
-    return lines + [f"x_t = {_load(graph, data, index, params, f'{node.name} ({node.op})', blocks)}"], "x_t"
+    return _head(node, graph, index, names, params, lines, list(names) + (["idx"] if idx_names else []))
 
 
 def gather_nd_head(graph: Graph, node: Node, names: list[str], params: list[Value]) -> tuple[list[str], str]:
@@ -111,13 +127,11 @@ def gather_nd_head(graph: Graph, node: Node, names: list[str], params: list[Valu
     lead = names[:i_t.rank - 1]
     lines, looked_up = [], []
     for m in range(k):
-        size = int(d_t.shape[batch + m])
-        lines += [f"idx{m} = {_load(graph, indices, [*lead, str(m)], params, f'indices[..., {m}]', names)}",
-                  f"idx{m} = tl.where(idx{m} < 0, idx{m} + {size}, idx{m})"]
+        lines += _looked_up(graph, indices, [*lead, str(m)], params, f"indices[..., {m}]", names, f"idx{m}",
+                            int(d_t.shape[batch + m]))
         looked_up.append(f"idx{m}")
     index: list[str | None] = [*names[:batch], *looked_up, *names[i_t.rank - 1:]]
-    blocks = list(names) + (looked_up if lead else [])
-    return lines + [f"x_t = {_load(graph, data, index, params, f'{node.name} ({node.op})', blocks)}"], "x_t"
+    return _head(node, graph, index, names, params, lines, list(names) + (looked_up if lead else []))
 
 
 def gather_elements_head(graph: Graph, node: Node, names: list[str], params: list[Value]) -> tuple[list[str], str]:
@@ -127,10 +141,8 @@ def gather_elements_head(graph: Graph, node: Node, names: list[str], params: lis
     assert data is not None and indices is not None
     d_t = graph.type_of(data)
     axis = int(node.attrs.get("axis", 0)) % d_t.rank
-    lines = [f"idx = {_load(graph, indices, list(names), params, 'indices', names)}",
-             f"idx = tl.where(idx < 0, idx + {int(d_t.shape[axis])}, idx)"]
-    index: list[str | None] = [*names[:axis], "idx", *names[axis + 1:]]
-    return lines + [f"x_t = {_load(graph, data, index, params, f'{node.name} ({node.op})', [*names, 'idx'])}"], "x_t"
+    lines = _looked_up(graph, indices, list(names), params, "indices", names, "idx", int(d_t.shape[axis]))
+    return _head(node, graph, [*names[:axis], "idx", *names[axis + 1:]], names, params, lines, [*names, "idx"])
 
 
 def _constant_ints(graph: Graph, node: Node, slot: int) -> list[int] | None:
@@ -139,14 +151,6 @@ def _constant_ints(graph: Graph, node: Node, slot: int) -> list[int] | None:
     value = values[slot] if len(values) > slot else None
     const = graph.constant_value(value) if value is not None else None
     return None if const is None else [int(v) for v in np.asarray(const).reshape(-1)]
-
-
-def _head(node: Node, graph: Graph, index: list[str | None], names: list[str], params: list[Value],
-          lines: list[str] | None = None) -> tuple[list[str], str]:
-    """A head reading its first operand at `index`, after `lines`."""
-    value = graph.inputs_of(node.name)[0]
-    assert value is not None
-    return [*(lines or []), f"x_t = {_load(graph, value, index, params, f'{node.name} ({node.op})', names)}"], "x_t"
 
 
 def depth_to_space_head(graph: Graph, node: Node, names: list[str], params: list[Value]) -> tuple[list[str], str]:
@@ -193,7 +197,7 @@ def expand_head(graph: Graph, node: Node, names: list[str], params: list[Value])
     value = graph.inputs_of(node.name)[0]
     assert value is not None
     index = broadcast_index(graph.type_of(value), names, [int(d) for d in node.outputs[0].shape])
-    return [f"x_t = {_load(graph, value, index, params, f'{node.name} ({node.op})', names)}"], "x_t"
+    return _head(node, graph, index, names, params)
 
 
 def slice_starts(graph: Graph, node: Node) -> dict[int, tuple[int, int]] | None:
@@ -218,12 +222,10 @@ def slice_starts(graph: Graph, node: Node) -> dict[int, tuple[int, int]] | None:
 
 def slice_head(graph: Graph, node: Node, names: list[str], params: list[Value]) -> tuple[list[str], str]:
     """Slice: result index i along a sliced axis reads start + i * step."""
-    value = graph.inputs_of(node.name)[0]
-    assert value is not None
     starts = slice_starts(graph, node) or {}
     index: list[str | None] = [
         names[d] if d not in starts else f"{starts[d][0]} + {names[d]} * {starts[d][1]}" for d in range(len(names))]
-    return [f"x_t = {_load(graph, value, index, params, f'{node.name} ({node.op})', names)}"], "x_t"
+    return _head(node, graph, index, names, params)
 
 
 def concat_head(graph: Graph, node: Node, names: list[str], params: list[Value]) -> tuple[list[str], str]:
