@@ -165,6 +165,14 @@ def _scan(graph: Graph, node: Node, x_t: TensorType, names: list[str], axis: int
     return lines + [f"y = ({length - 1} - best).to(tl.int64)" if backward else "y = best.to(tl.int64)"]
 
 
+def _reduced_index(node: Node, names: list[str], axes: tuple[int, ...]) -> list[str | None]:
+    """Where a row's one result goes: its kept dims' indices, the reduced dims at 0 under
+    keepdims (the default) or dropped."""
+    if node.attrs.get("keepdims", 1):
+        return [None if d in axes else name for d, name in enumerate(names)]
+    return [name for d, name in enumerate(names) if d not in axes]
+
+
 def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Value]]:
     node = nodes[0]
     values = graph.inputs_of(node.name)
@@ -182,9 +190,7 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
     op = node.op
     if op in SCANS:
         lines += _scan(graph, node, x_t, names, axes[0], length)
-        keep = op == "CumSum" or bool(node.attrs.get("keepdims", 1))
-        store_index: list[str | None] = list(names) if op == "CumSum" else (
-            [None if d in axes else names[d] for d in range(len(shape))] if keep else [names[d] for d in rows])
+        store_index: list[str | None] = list(names) if op == "CumSum" else _reduced_index(node, names, axes)
         mask = ", mask=mask" if op == "CumSum" else ""
         lines.append(f"tl.store(out0 + {offset(out, store_index)}, {store_expr('y', out)}{mask})  "
                      f"# {node.name} ({op}): {out}")
@@ -229,9 +235,7 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
         lines.append(f"y = {REDUCE_OPS[op][0].format(n=length)}" + (" != 0" if logical else ""))
         if op in EXTREMES and not logical:  # a NaN in the row is the answer, as in numpy
             lines.append("y = tl.where(tl.sum((x != x).to(tl.float32), axis=0) > 0, float('nan'), y)")
-        keep = bool(node.attrs.get("keepdims", 1))
-        store_index = [None if d in axes else names[d] for d in range(len(shape))] if keep else [
-            names[d] for d in rows]
+        store_index = _reduced_index(node, names, axes)
     where = offset(out, store_index)
     mask = ", mask=mask" if op in ("Softmax", "LogSoftmax", *NORMALIZATIONS) else ""
     lines.append(f"tl.store(out0 + {where}, {store_expr('y', out)}{mask})  # {node.name} ({op}): {out}")
