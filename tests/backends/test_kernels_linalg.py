@@ -54,6 +54,9 @@ CONV_CASES = [
     ((2, 6, 9, 7), (6, 2, 3, 3), {"group": 3, "strides": [2, 2]}),
     ((1, 5, 10, 11), (10, 1, 3, 3), {"group": 5, "pads": [1, 1, 1, 1]}),  # depthwise, multiplier 2
     ((2, 7, 8, 8), (7, 1, 5, 5), {"group": 7, "auto_pad": "SAME_UPPER", "strides": [2, 2]}),  # depthwise
+    ((1, 6, 14, 17), (6, 1, 3, 3), {"group": 6, "strides": [2, 3], "dilations": [2, 3], "pads": [0, 2, 1, 0]}),
+    ((2, 4, 19), (8, 1, 5), {"group": 4, "strides": [2], "pads": [2, 2]}),  # 1-D depthwise, multiplier 2
+    ((1, 3, 5, 6, 7), (3, 1, 3, 2, 3), {"group": 3, "dilations": [1, 2, 1], "pads": [1, 0, 1, 1, 1, 1]}),  # 3-D
     ((1, 3, 10, 7), (4, 3, 4, 2), {"auto_pad": "SAME_LOWER", "strides": [3, 2]}),
     ((1, 4, 9, 8), (5, 4, 3, 3), {"auto_pad": "VALID", "strides": [2, 2]}),
     ((2, 8, 7, 5), (6, 8, 1, 1), {}),  # pointwise: a GEMM on the NCHW buffer

@@ -18,6 +18,7 @@ from ....graph.ops.shapes import transposed_window, window_attrs
 from ..registry import KernelSpec, Run, kernel
 from .common import Window, check_dtypes, dense, is_splat, prod, unsupported, window_geometry, windows
 from .conv_taps import conv_taps, tap_weights, worth_taps
+from .depthwise import DepthwiseWeights, depthwise
 from .winograd import weight_transform, winograd_conv
 
 
@@ -188,6 +189,11 @@ _WINOGRAD_MIN_TILES = 36  # a 14x14 output has 49 tiles and gains; 7x7 (16 tiles
 _WINOGRAD_MIN_CHANNELS = 16
 
 
+def _is_depthwise(w: np.ndarray | None, groups: int) -> bool:
+    """One input channel per group (depthwise.py's case), with more than one group."""
+    return w is not None and groups > 1 and w.shape[1] == 1
+
+
 @kernel("Conv")
 def _conv(spec: KernelSpec) -> Run:
     check_dtypes(spec)
@@ -200,7 +206,8 @@ def _conv(spec: KernelSpec) -> Run:
         kernel_attr = tuple(w_type.shape[2:])
     if attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"):
         raise unsupported(spec, f"Conv auto_pad={attrs['auto_pad']!r} is not supported")
-    wmat = conv_weight_matrix(wide(weight), groups) if weight is not None else None
+    wmat = conv_weight_matrix(wide(weight), groups) if weight is not None and not _is_depthwise(weight, groups) else None
+    dw_weight = DepthwiseWeights.from_onnx(wide(weight), groups) if _is_depthwise(weight, groups) else None
     bias_const = spec.const_array(2) if len(spec.consts) > 2 else None
     winograd = _winograd_applies(spec, kernel_attr, groups)
     wino_weight = weight_transform(weight) if winograd and weight is not None else None
@@ -224,6 +231,10 @@ def _conv(spec: KernelSpec) -> Run:
             u = wino_weight if wino_weight is not None else weight_transform(w)
             pads = (*geo.pads_begin, *geo.pads_end)
             return winograd_conv(x, u, pads, bias)
+        if _is_depthwise(w, groups):
+            weights = dw_weight if dw_weight is not None else DepthwiseWeights.from_onnx(wide(w), groups)
+            y = depthwise(x, weights, geo, True, None if bias is None else wide(bias))
+            return np.ascontiguousarray(np.moveaxis(y, -1, 1))
         if groups == 1 and worth_taps(kernel_shape, geo, x.shape[1], w.shape[0]):
             taps = taps_weight if taps_weight is not None else _tap_weights(wide(w))
             return conv_taps(x, taps, geo, False, None if bias is None else wide(bias))

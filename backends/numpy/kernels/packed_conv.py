@@ -7,8 +7,10 @@ im2col copy); weights are RSCF buffers (`PackedEncoding((), (), (2, 3, 1, 0))`: 
 
 - a splat weight (a constant of one value): linalg.splat_conv, whose output channels are
   equal by construction;
-- 1x1, stride 1, unpadded: one GEMM (N*H*W, C) @ (C, F) on the input buffer, no copy;
-- depthwise (C/g == 1): the taps accumulate into the output, vectorized over (N, *out, C);
+- 1x1, stride 1, unpadded: one GEMM (N*H*W, C) @ (C, F) on the input buffer, no copy (one
+  batched GEMM over the groups' channels in place for a grouped conv);
+- depthwise (C/g == 1): the taps accumulate into the output, each multiply spanning whole
+  (W_out * C) rows of a padded copy of the input (depthwise.py);
 - 3x3, stride 1, ungrouped, enough tiles: Winograd F(2x2, 3x3) in NHWC (packed_winograd);
 - otherwise at stride 1, ungrouped, with at most half as many output channels as input ones:
   one GEMM for every tap's products, added in at their shifts (conv_taps);
@@ -33,6 +35,7 @@ from ....layout.encoding import PackedEncoding
 from ..registry import KernelSpec, Run, packed_kernel
 from .common import Window, check_dtypes, dense, is_splat, prod, tap_slices, window_geometry, windows
 from .conv_taps import FEW_OUTPUTS, conv_taps, tap_weights, worth_taps
+from .depthwise import DepthwiseWeights, depthwise
 from .linalg import splat_conv, wide
 from .packed_winograd import winograd_nhwc, winograd_weight, worth_winograd_nhwc
 
@@ -122,24 +125,6 @@ def gemm_conv(cols: np.ndarray, wmat: np.ndarray) -> np.ndarray:
     return y.reshape(*lead, groups * fg)
 
 
-def depthwise(x: np.ndarray, wdw: np.ndarray, geo: Window, nchw: bool, bias: np.ndarray | None) -> np.ndarray:
-    """C/g == 1: y[..., c, m] = sum over taps x_tap[..., c] * w[tap, c, m], as an (N, *out, F) buffer."""
-    taps, c, mult = wdw.shape
-    n = x.shape[0]
-    spatial = x.shape[2:] if nchw else x.shape[1:-1]
-    y = np.empty((n, *geo.out_shape, c, mult), np.result_type(x.dtype, wdw.dtype))
-    y[...] = 0 if bias is None else bias.reshape(c, mult)
-    scratch = np.empty_like(y)
-    for index, tap in enumerate(itertools.product(*(range(k) for k in geo.kernel))):
-        ranges, src = tap_slices(geo, spatial, tap)
-        if any(hi <= lo for lo, hi, _ in ranges):
-            continue
-        box = (slice(None),) + tuple(slice(lo, hi) for lo, hi, _ in ranges)
-        product = np.multiply(_source(x, src, nchw)[..., None], wdw[index], out=scratch[box])
-        y[box] += product
-    return y.reshape(*y.shape[:-2], c * mult)
-
-
 # ---- weights ---------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ConvWeights:
@@ -172,10 +157,9 @@ class ConvWeights:
         return dense(per).reshape(g, cg * prod(k), f // g)
 
     @functools.cached_property
-    def depthwise(self) -> np.ndarray:
-        """(prod(k), C, F/C) for C/g == 1."""
-        f = self.rscf.shape[-1]
-        return self.rscf.reshape(-1, self.groups, f // self.groups)
+    def depthwise(self) -> DepthwiseWeights:
+        """For C/g == 1."""
+        return DepthwiseWeights.from_gemm_form(self.rscf, self.groups)
 
     @functools.cached_property
     def winograd(self) -> np.ndarray:
@@ -221,10 +205,12 @@ def conv_nhwc(x: np.ndarray, weights: ConvWeights, plan: _Plan, bias: np.ndarray
         rows = x if nchw else np.moveaxis(x, -1, 1)
         y = splat_conv(rows, weights.rscf.flat[0], f, kernel_shape, plan.attrs, g, bias, geo)
         return np.ascontiguousarray(np.moveaxis(y, 1, -1))
-    if g == 1 and unit and not nchw:
-        wmat = weights.gemm
+    if unit and not nchw:
         n = x.shape[0]
-        y = np.matmul(x.reshape(-1, cg), wmat[0]).reshape(n, *spatial, f)
+        if g == 1:
+            y = np.matmul(x.reshape(-1, cg), weights.gemm[0]).reshape(n, *spatial, f)
+        else:
+            y = gemm_conv(x.reshape(n, *spatial, g, *kernel_shape, cg), weights.gemm)
     elif cg == 1 and g > 1:
         return depthwise(x, weights.depthwise, geo, nchw, bias)
     elif g == 1 and worth_winograd_nhwc(kernel_shape, geo, x.shape[0], cg, f) and not nchw:

@@ -22,6 +22,11 @@ CASES = {
     "grouped": ((1, 8, 9, 9), (12, 2, 3, 3), 4, {"auto_pad": "SAME_UPPER"}),
     "depthwise": ((2, 8, 9, 7), (8, 1, 3, 3), 8, {"pads": (1, 1, 1, 1)}),
     "depthwise x2 stride 2": ((1, 6, 10, 9), (12, 1, 3, 3), 6, {"strides": (2, 2), "auto_pad": "SAME_LOWER"}),
+    "depthwise 7x7 (ConvNeXt)": ((2, 10, 11, 13), (10, 1, 7, 7), 10, {"pads": (3, 3, 3, 3)}),
+    "depthwise stride 3 dilated": ((1, 5, 14, 17), (5, 1, 3, 3), 5,
+                                   {"strides": (2, 3), "dilations": (2, 3), "pads": (0, 2, 1, 0)}),
+    "depthwise unpadded": ((2, 7, 8, 9), (7, 1, 2, 3), 7, {}),
+    "grouped 1x1 (ShuffleNet)": ((2, 12, 5, 7), (20, 3, 1, 1), 4, {}),
     "winograd": ((1, 48, 16, 15), (40, 48, 3, 3), 1, {"pads": (1, 1, 1, 1)}),
     "winograd asymmetric pads": ((2, 36, 13, 15), (36, 36, 3, 3), 1, {"pads": (0, 1, 1, 0)}),
     "valid": ((1, 5, 8, 8), (3, 5, 3, 3), 1, {"auto_pad": "VALID"}),
@@ -69,6 +74,29 @@ def test_channels_last_conv_of_other_ranks(packed_check, rng, rank):
                  rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("rank", [3, 5])
+def test_depthwise_conv_of_other_ranks(packed_check, rng, rank):
+    spatial = (11,) if rank == 3 else (5, 6, 7)
+    x, w, b = _conv_args(rng, (2, 6, *spatial), (6, 1, *(3,) * (rank - 2)))
+    last = PackedEncoding((), (), packed_conv.channels_last(rank))
+    gemm = PackedEncoding((), (), packed_conv.weight_gemm(rank))
+    attrs = {"group": 6, "pads": (1,) * 2 * (rank - 2), "strides": (1,) * (rank - 3) + (2,)}
+    for x_enc in (last, None):
+        packed_check("Conv", [x, w, b], [x_enc, gemm, None], [last], attrs, consts=(1, 2), expect_path="native",
+                     rtol=1e-4, atol=1e-4)
+
+
+def test_grouped_pointwise_conv_reads_the_buffer_without_a_column_copy(packed_check, rng, monkeypatch):
+    """1x1 stride 1 with groups: one batched GEMM reads each group's channels in place."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the grouped 1x1 conv copied its input")
+
+    monkeypatch.setattr(packed_conv, "im2col", refuse)
+    x, w, b = _conv_args(rng, *CASES["grouped 1x1 (ShuffleNet)"][:2])
+    packed_check("Conv", [x, w, b], [NHWC, RSCF, None], [NHWC], {"group": 4}, consts=(1, 2),
+                 expect_path="native", rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("dtype", [np.float16, np.float64])
 def test_conv_keeps_the_dtype(packed_check, rng, dtype):
     x, w, b = (a.astype(dtype) for a in _conv_args(rng, (1, 5, 7, 7), (6, 5, 3, 3)))
@@ -89,7 +117,8 @@ def _onnxruntime_conv(x, w, b, attrs) -> np.ndarray:
 
 
 @pytest.mark.parametrize("case", ["7x7 stride 2 (stem)", "depthwise x2 stride 2", "winograd", "grouped",
-                                  "3x2 stride 2 dilated", "tap products, dilated, pads past the input"])
+                                  "3x2 stride 2 dilated", "tap products, dilated, pads past the input",
+                                  "depthwise stride 3 dilated", "depthwise 7x7 (ConvNeXt)"])
 def test_conv_matches_onnxruntime(packed_run, rng, case):
     """The stem case reads identity NCHW input and writes NHWC (the fused layout change)."""
     x_shape, w_shape, group, attrs = CASES[case]
@@ -157,7 +186,8 @@ def test_a_conv_layout_the_kernel_does_not_know_takes_the_generic_path(packed_ch
     assert unpack(out["physical"][0], blocked, (1, 4, 7, 7)).shape == (1, 4, 7, 7)
 
 
-@pytest.mark.parametrize("case", ["3x3 pad 1, C=3", "winograd", "depthwise x2 stride 2", "7x7 stride 2 (stem)"])
+@pytest.mark.parametrize("case", ["3x3 pad 1, C=3", "winograd", "depthwise x2 stride 2", "7x7 stride 2 (stem)",
+                                  "depthwise", "depthwise stride 3 dilated", "grouped 1x1 (ShuffleNet)"])
 def test_small_integer_convs_are_exact(packed_check, rng, case):
     """Small integers sum exactly in float32 (Winograd's halves and quarters too): the layout
     change must not change a single bit."""
