@@ -1,12 +1,13 @@
 """CPU benchmark: tilefold's NumPy backend against onnxruntime and eager PyTorch, one process.
 
-ResNet-50 (batch 1, 224x224) and BERT-base (seq 128) from transformers, random weights.
+ResNet-50 (batch 1, 224x224) and BERT-base (seq 128) from transformers, random weights
+(MobileNetV2 too, when named).
 Every runner gets the same inputs; after a warm-up, the runners take turns (so that load drift
 on a shared machine hits all alike) and the median of N runs is reported with
 the ratios tilefold/onnxruntime and tilefold/eager (above 1: tilefold is slower), the
 GFLOP/s reached (FLOP = 2 x the multiply-adds of Conv/MatMul/Gemm) and tilefold's top ops.
 
-    python -m tilefold.bench.cpu_models [--models resnet50,bert] [--repeat 10] [--graph plain,optimized]
+    python -m tilefold.bench.cpu_models [--models resnet50,bert,mobilenet_v2] [--repeat 10] [--graph plain,optimized]
 
 Absolute times drift on shared machines; compare the ratios, measured side by side.
 """
@@ -31,6 +32,8 @@ from . import models
 
 GraphTransform = Callable[[Graph], Graph]
 MODELS = ("resnet50", "bert")
+EXTRA_MODELS = ("mobilenet_v2",)
+"""Timed when named: MobileNetV2's depthwise convs (`--models mobilenet_v2`)."""
 
 
 @dataclass
@@ -75,7 +78,12 @@ def case(name: str, cache_dir: str | os.PathLike | None = None) -> Case:
             name, models.bert(cache_dir), models.bert_inputs(rng), models.bert_torch,
             lambda m, f: m(*(f[k] for k in models.BERT_INPUTS)).last_hidden_state,
         )
-    raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
+    if name == "mobilenet_v2":
+        return Case(
+            name, models.mobilenet_v2(cache_dir), models.resnet50_inputs(rng), models.mobilenet_v2_torch,
+            lambda m, f: m(f[models.RESNET_INPUT]).logits,
+        )
+    raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODELS + EXTRA_MODELS)}")
 
 
 def graph_variants() -> dict[str, GraphTransform]:
@@ -200,7 +208,7 @@ def format_table(rows: Sequence[Row]) -> str:
     """One line per (model, runner): median and best ms, GFLOP/s (of the median), ratios of
     the medians to onnxruntime and eager. The best run beside the median shows how much of a
     runner's time is the shared machine's noise: memory-bound kernels suffer most from it."""
-    head = f"{'model':<10}{'runner':<22}{'median ms':>10}{'best ms':>9}{'GFLOP/s':>9}{'/ onnxrt':>10}{'/ eager':>9}{'max rel err':>13}"
+    head = f"{'model':<14}{'runner':<22}{'median ms':>10}{'best ms':>9}{'GFLOP/s':>9}{'/ onnxrt':>10}{'/ eager':>9}{'max rel err':>13}"
     lines = [head, "-" * len(head)]
     for model in dict.fromkeys(r.model for r in rows):
         group = [r for r in rows if r.model == model]
@@ -211,8 +219,8 @@ def format_table(rows: Sequence[Row]) -> str:
             vs_eager = f"{r.ms / eager_ms:.2f}x" if eager_ms else "-"
             err = f"{r.error:.1e}" if r.error is not None else "-"
             gflops = r.flops / (r.ms * 1e-3) / 1e9
-            lines.append(f"{r.model:<10}{r.runner:<22}{r.ms:>10.1f}{r.best_ms:>9.1f}{gflops:>9.1f}{vs_ort:>10}{vs_eager:>9}{err:>13}")
-        lines.append(f"{'':<10}({group[0].flops / 1e9:.2f} GFLOP per run)")
+            lines.append(f"{r.model:<14}{r.runner:<22}{r.ms:>10.1f}{r.best_ms:>9.1f}{gflops:>9.1f}{vs_ort:>10}{vs_eager:>9}{err:>13}")
+        lines.append(f"{'':<14}({group[0].flops / 1e9:.2f} GFLOP per run)")
     return "\n".join(lines)
 
 
@@ -231,7 +239,7 @@ def format_top_ops(rows: Sequence[Row], top: int = 8) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tilefold.bench.cpu_models", description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
+    parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS + EXTRA_MODELS)}")
     parser.add_argument("--repeat", type=int, default=10, help="timed runs per runner (median reported)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op and torch threads")

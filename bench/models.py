@@ -200,6 +200,16 @@ def resnet50_torch() -> Any:
     return model.eval()
 
 
+def mobilenet_v2_torch() -> Any:
+    """transformers MobileNetV2 (default `MobileNetV2Config`: width 1.0, 224x224) with seeded
+    random weights, eval mode: its 17 depthwise convs are the benchmark's."""
+    import transformers
+
+    with _seeded_torch(TORCH_SEED):
+        model = transformers.MobileNetV2ForImageClassification(transformers.MobileNetV2Config())
+    return model.eval()
+
+
 def bert_torch() -> Any:
     """transformers BERT-base (`BertConfig()`) with seeded random weights, eval mode."""
     import transformers
@@ -209,9 +219,9 @@ def bert_torch() -> Any:
     return model.eval()
 
 
-def resnet50_inputs(rng: np.random.Generator, batch: int = 1) -> dict[str, np.ndarray]:
-    """A standard-normal image batch, 224x224."""
-    return {RESNET_INPUT: rng.standard_normal((batch, 3, 224, 224)).astype(np.float32)}
+def resnet50_inputs(rng: np.random.Generator, batch: int = 1, size: int = 224) -> dict[str, np.ndarray]:
+    """A standard-normal image batch, size x size (224 unless told)."""
+    return {RESNET_INPUT: rng.standard_normal((batch, 3, size, size)).astype(np.float32)}
 
 
 def bert_inputs(rng: np.random.Generator, seq: int = 128, vocab: int = 30522) -> dict[str, np.ndarray]:
@@ -232,14 +242,27 @@ def _export(model: Any, args: tuple, path: Path) -> Path:
     return path
 
 
-def resnet50(cache_dir: str | os.PathLike | None = None) -> Path:
-    """The ONNX export of `resnet50_torch()` (batch 1, 3x224x224), built once and cached."""
+def resnet50(cache_dir: str | os.PathLike | None = None, size: int = 224) -> Path:
+    """The ONNX export of `resnet50_torch()` (batch 1, 3 x size x size), built once and cached.
+    A smaller image keeps every layer and cuts the work by (224 / size)**2 (the interpreter's tests)."""
     import torch
 
-    path = model_cache_dir(cache_dir) / f"resnet50-{_versions_key()}.onnx"
+    suffix = "" if size == 224 else f"-{size}px"
+    path = model_cache_dir(cache_dir) / f"resnet50{suffix}-{_versions_key()}.onnx"
+    if not path.exists():
+        x = torch.from_numpy(resnet50_inputs(np.random.default_rng(0), size=size)[RESNET_INPUT])
+        _export(resnet50_torch(), (x,), path)
+    return path
+
+
+def mobilenet_v2(cache_dir: str | os.PathLike | None = None) -> Path:
+    """The ONNX export of `mobilenet_v2_torch()` (batch 1, 3x224x224; input `pixel_values`), cached."""
+    import torch
+
+    path = model_cache_dir(cache_dir) / f"mobilenet_v2-{_versions_key()}.onnx"
     if not path.exists():
         x = torch.from_numpy(resnet50_inputs(np.random.default_rng(0))[RESNET_INPUT])
-        _export(resnet50_torch(), (x,), path)
+        _export(mobilenet_v2_torch(), (x,), path)
     return path
 
 
@@ -284,7 +307,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--channels", type=int, default=32)
     p.add_argument("--size", type=int, default=8, help="input height and width (even)")
     p.add_argument("--seed", type=int, default=0)
-    for name, what in (("resnet50", "transformers ResNet-50"), ("bert", "transformers BERT-base")):
+    for name, what in (("resnet50", "transformers ResNet-50"), ("bert", "transformers BERT-base"),
+                       ("mobilenet_v2", "transformers MobileNetV2")):
         p = sub.add_parser(name, help=f"{what}, random weights, exported with torch.onnx")
         p.add_argument("--out", default=None, help="folder to write into (default: the model cache)")
         if name == "bert":
@@ -307,6 +331,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = resnet50(args.out)
     elif args.model == "bert":
         path = bert(args.out, seq=args.seq)
+    elif args.model == "mobilenet_v2":
+        path = mobilenet_v2(args.out)
     else:
         path = save_model(light_model(args.name, random_weights=args.random_weights, seed=args.seed), args.out)
     print(path)

@@ -2,7 +2,7 @@
 grouped by op and shape, with the GFLOP/s of Conv, MatMul and Gemm and the page faults per
 run (a kernel whose temporaries fault on every run pays about 2 us a page here).
 
-    python -m tilefold.bench.nodes [--model resnet50|bert] [--graph plain|optimized] [--runs 8] [--top 30]
+    python -m tilefold.bench.nodes [--model resnet50|bert|mobilenet_v2] [--graph plain|optimized] [--runs 8] [--top 30]
 
 The sum of the best times is what a run would take if no node were ever disturbed: set
 beside a whole run's median (bench/cpu_models.py), it separates slow kernels from noise.
@@ -56,7 +56,7 @@ def best_times(exe: NumpyExecutable, feeds: dict[str, np.ndarray], runs: int) ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tilefold.bench.nodes", description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="resnet50", choices=cpu_models.MODELS)
+    parser.add_argument("--model", default="resnet50", choices=cpu_models.MODELS + cpu_models.EXTRA_MODELS)
     parser.add_argument("--graph", default="optimized", choices=["plain", "optimized"])
     parser.add_argument("--runs", type=int, default=8)
     parser.add_argument("--top", type=int, default=30)
