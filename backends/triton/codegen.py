@@ -6,9 +6,10 @@ interpreter read) finds the source without a file on disk. For the `cuda` device
 `@triton.jit` gives a `JITFunction`; for `interp` every jit'd function of the module is wrapped
 in Triton's `InterpretedFunction`, which runs it with NumPy on the host: tilefold sets the
 interpreter up per kernel instead of through the process-wide `TRITON_INTERPRET` switch.
-Triton's own standard library (`tl.sum`, `tl.max`, ...) was decorated when triton was imported,
-so while an interpreted kernel runs those functions are swapped for interpreted ones, the way
-the interpreter itself patches `triton.language` for the duration of a launch.
+Triton's own standard library (`tl.sum`, `tl.max`, ...) and tilefold's helpers (libm.py, which
+every module imports) were decorated when imported, so while an interpreted kernel runs those
+functions are swapped for interpreted ones, the way the interpreter itself patches
+`triton.language` for the duration of a launch.
 
 A kernel's pointer parameters are its operands (graph Values) and its tables, in the order the
 template appended them (`in0, in1, ...`), then its results (`out0`; `out0, out1, ...` for a
@@ -34,7 +35,8 @@ _CACHE: dict[tuple[str, str], Any] = {}
 """(source hash and function, device) -> kernel object: a cache (not state that changes
 behaviour): equal sources build one kernel, shared by every graph that generates it."""
 
-HEADER = "import triton\nimport triton.language as tl\n\n\n"
+HEADER = f"import triton\nimport triton.language as tl\nfrom {__package__} import libm\n\n\n"
+"""Every kernel module's imports: triton, and the helpers of libm.py (`libm.atan(x)`)."""
 
 
 TABLE_DTYPES = (np.dtype(np.int32), np.dtype(np.float32))
@@ -125,11 +127,13 @@ def build(source: str, fn_name: str, device: str) -> Any:
 
 @contextlib.contextmanager
 def interpreted_stdlib() -> Iterator[None]:
-    """While an interpreted kernel runs: triton.language's jit'd helpers, interpreted."""
+    """While an interpreted kernel runs: triton.language's jit'd helpers and libm's, interpreted."""
     importlib.import_module("triton.experimental.gluon")  # its import asserts the helpers are JITFunctions
     import triton.language as tl
     from triton.runtime.interpreter import InterpretedFunction, _LangPatchScope
     from triton.runtime.jit import JITFunction
+
+    from . import libm
 
     class Scoped(InterpretedFunction):
         """Triton's nested-call path patches `triton.language` for the callee's module and
@@ -145,7 +149,7 @@ def interpreted_stdlib() -> Iterator[None]:
                 patched.restore()
 
     scope = _LangPatchScope()
-    for module in (tl, tl.standard, tl.math):
+    for module in (tl, tl.standard, tl.math, libm):
         for name, member in list(vars(module).items()):
             if isinstance(member, JITFunction):
                 scope.set_attr(module, name, Scoped(member.fn))

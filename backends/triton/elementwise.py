@@ -2,7 +2,8 @@
 
 `OPS` is the table: op -> `expr(args, node, consts)` building the Triton expression of the
 op on argument expressions (None when this variant is not supported: the node then runs on
-the NumPy backend). Float values are computed in float32 whatever their storage dtype
+the NumPy backend); math Triton has no operation for (atan, an exact fmod, rint, ...) is a call
+of a libm.py helper. Float values are computed in float32 whatever their storage dtype
 (float16 and bfloat16 are loaded and widened, and narrowed when stored); Cast rounds through
 its type. int32 and int64 values stay in their type, through the ops of INTEGER_OPS.
 
@@ -90,6 +91,32 @@ def _mean(a: list[str], node: Node, consts: list[Any]) -> str:
     return f"({' + '.join(a)}) / {float(len(a))!r}"
 
 
+MOD_HELPERS = {(False, 0): "mod", (False, 1): "fmod", (True, 0): "imod", (True, 1): "ifmod"}
+"""(integer operands, fmod) -> the libm.py helper computing Mod: the divisor's sign for fmod=0
+(np.mod), the dividend's for fmod=1 (np.fmod); exact for floats, 0 for an integer divisor of 0."""
+
+
+def _mod(a: list[str], node: Node, consts: list[Any]) -> str | None:
+    if len(a) != 2:
+        return None
+    helper = MOD_HELPERS[is_integer(node.outputs[0]), int(node.attrs.get("fmod", 0))]
+    return f"libm.{helper}({a[0]}, {a[1]})"
+
+
+def _bit_shift(a: list[str], node: Node, consts: list[Any]) -> str | None:
+    """x << y, or x >> y filling with the sign, for 0 <= y < the width; a shift out of that
+    range (a poison value on the GPU) gives what NumPy does and ONNX opset 28 asks: 0, or the
+    sign fill shifting right."""
+    if len(a) != 2:
+        return None
+    width = 8 * node.outputs[0].dtype.itemsize
+    x, y = a
+    inside = f"(({y} >= 0) & ({y} < {width}))"
+    if node.attrs.get("direction") == "LEFT":
+        return f"tl.where({inside}, {x} << {y}, 0)"
+    return f"tl.where({inside}, {x} >> {y}, {x} >> {width - 1})"
+
+
 def _variadic(fn: str, extra: str = "") -> Expr:
     def expr(a: list[str], node: Node, consts: list[Any]) -> str:
         out = a[0]
@@ -116,6 +143,16 @@ OPS: dict[str, Expr] = {
     "Cos": _unary("tl.cos({0})"),
     "Floor": _unary("tl.floor({0})"),
     "Ceil": _unary("tl.ceil({0})"),
+    "Round": _unary("libm.rint({0})"),
+    "Tan": _unary("libm.tan({0})"),
+    "Asin": _unary("libm.asin({0})"),
+    "Acos": _unary("libm.acos({0})"),
+    "Atan": _unary("libm.atan({0})"),
+    "Sinh": _unary("libm.sinh({0})"),
+    "Cosh": _unary("libm.cosh({0})"),
+    "Asinh": _unary("libm.asinh({0})"),
+    "Acosh": _unary("libm.acosh({0})"),
+    "Atanh": _unary("libm.atanh({0})"),
     "HardSwish": _unary("{0} * tl.clamp({0} / 6.0 + 0.5, 0.0, 1.0" + NAN + ")"),
     "Softplus": _unary("tl.where({0} > 20.0, {0}, tl.log(1.0 + tl.exp({0})))"),
     "LeakyRelu": lambda a, node, c: f"tl.where({a[0]} >= 0.0, {a[0]}, {a[0]} * {float(node.attrs['alpha'])!r})",
@@ -136,6 +173,7 @@ OPS: dict[str, Expr] = {
     "Sub": _binary("{0} - {1}"),
     "Mul": _binary("{0} * {1}"),
     "Div": _binary("{0} / {1}"),
+    "Mod": _mod,
     "Pow": _pow,
     "Max": _variadic("tl.maximum", NAN),
     "Min": _variadic("tl.minimum", NAN),
@@ -145,6 +183,11 @@ OPS: dict[str, Expr] = {
     "Sign": _unary("tl.where({0} > 0.0, 1.0, tl.where({0} < 0.0, -1.0, {0} * 0.0))"),  # NaN stays NaN
     "Where": lambda a, node, c: f"tl.where({a[0]}, {a[1]}, {a[2]})",
     "Clip": _clip,
+    "BitwiseAnd": _binary("({0} & {1})"),
+    "BitwiseOr": _binary("({0} | {1})"),
+    "BitwiseXor": _binary("({0} ^ {1})"),
+    "BitwiseNot": _unary("(~{0})"),
+    "BitShift": _bit_shift,
 }
 """Op -> Triton expression; Pack, Unpack, Identity and Cast come from layout_ops.py, whose
 HEADS (transpose, reshape, gather, pools, resize, ...) may start a chain."""
@@ -170,6 +213,7 @@ OPS.update(BOOL)
 
 
 OPS.update(COPIES)
+OPS["CastLike"] = COPIES["Cast"]  # the result's dtype is the `like` operand's
 
 
 def _batch_norm(a: list[str], node: Node, consts: list[Any]) -> str | None:
@@ -189,15 +233,24 @@ PER_CHANNEL: dict[str, frozenset[int]] = {"BatchNormalization": frozenset({1, 2,
 operands), not numpy-broadcast ones."""
 
 
+TYPE_ONLY: dict[str, frozenset[int]] = {"CastLike": frozenset({1})}
+"""Op -> input slots that give only a dtype (CastLike's `like`, of any shape, empty too):
+never loaded."""
+
+CASTS = frozenset({"Cast", "CastLike"})
+"""Ops that take any integer operand (converted once, exactly), not just int32 and int64."""
+
+
 def operand_dims(node: Node, slot: int, rank: int) -> tuple[int, ...] | None:
     """The result dims an operand spans when it is not numpy-broadcast (None when it is)."""
     return (1,) if slot in PER_CHANNEL.get(node.op, ()) and rank >= 2 else None
 
 
 INTEGER_OPS = frozenset({"Add", "Sub", "Mul", "Sum", "Neg", "Abs", "Clip", "Where", "Equal", "Less", "LessOrEqual",
-                         "Greater", "GreaterOrEqual", *COPIES})
+                         "Greater", "GreaterOrEqual", "Mod", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot",
+                         "BitShift", "CastLike", *COPIES})
 """Ops whose expressions compute integers in their own type (no float literal in them): the
-arithmetic on ids and positions that models do before their embeddings."""
+arithmetic on ids and positions that models do before their embeddings, remainders and bits."""
 
 
 def supports(graph: Graph, node: Node) -> bool:
@@ -208,8 +261,9 @@ def supports(graph: Graph, node: Node) -> bool:
         return False  # only the first result is computed (BatchNormalization's running statistics are unread)
     out = node.outputs[0]
     values = graph.inputs_of(node.name)
-    types = [graph.type_of(v) for v in values if v is not None]
-    cast_from = "iu" if node.op == "Cast" else ""  # any integer type, converted once, exactly
+    read = [v for k, v in enumerate(values) if k not in TYPE_ONLY.get(node.op, ())]
+    types = [graph.type_of(v) for v in read if v is not None]
+    cast_from = "iu" if node.op in CASTS else ""
     if not value_ok(out) or not all((value_ok(t) or (t.is_static and t.dtype.kind in cast_from))
                                     and t.rank <= out.rank for t in types):
         return False
@@ -272,8 +326,9 @@ def emit_chain(graph: Graph, nodes: Sequence[Node], load: Loader, env: dict[Valu
     for k, node in enumerate(nodes):
         values = graph.inputs_of(node.name)
         rank = len(node.outputs[0].shape)
-        args = ["None" if v is None else env[v] if v in env else load(v, operand_dims(node, slot, rank))
-                for slot, v in enumerate(values)]
+        unread = TYPE_ONLY.get(node.op, frozenset())
+        args = ["None" if v is None or slot in unread else env[v] if v in env
+                else load(v, operand_dims(node, slot, rank)) for slot, v in enumerate(values)]
         consts = [graph.constant_value(v) for v in values]
         expr = OPS[node.op](args, node, consts)
         assert expr is not None, node

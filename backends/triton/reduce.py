@@ -42,6 +42,8 @@ REDUCE_OPS: dict[str, tuple[str, str]] = {
     "ReduceL2": ("tl.sqrt(tl.sum(x * x, axis=0))", "0.0"),
     "ReduceSumSquare": ("tl.sum(x * x, axis=0)", "0.0"),
     "ReduceLogSum": ("tl.log(tl.sum(x, axis=0))", "0.0"),
+    # in float64: no partial product over- or underflows float32 (numpy's does, in its order)
+    "ReduceProd": ("tl.reduce(x.to(tl.float64), 0, libm.multiply).to(tl.float32)", "1.0"),
     # shifted by the row's largest value; an infinite or empty row is not shifted (its answer is infinite)
     "ReduceLogSumExp": (f"{_SAFE_MAX} + tl.log(tl.sum(tl.exp(x - {_SAFE_MAX}), axis=0))", "-float('inf')"),
     "GlobalAveragePool": ("tl.sum(x, axis=0) / {n}", "0.0"),

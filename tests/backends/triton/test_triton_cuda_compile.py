@@ -1,8 +1,9 @@
 """Every template compiles for a GPU without one: Triton's full pipeline (TTIR, TTGIR, LLVM IR,
 PTX, cubin through the bundled ptxas) for sm_90 and sm_80, from the generated sources of
 small models and of the dtype and op variants (bool and integer chains, float16, pools, gathers (GatherND too), resizes,
-splits into several results, pads in every mode, bool reductions, scans). This catches what the
-interpreter accepts and the compiler does not."""
+splits into several results, pads in every mode, bool reductions, scans, the float64 helpers of
+libm.py, remainders, bits and products). This catches what the interpreter accepts and the
+compiler does not."""
 from __future__ import annotations
 
 import numpy as np
@@ -42,7 +43,35 @@ def _variants(kit) -> Graph:
     g.add_output(kit.add(g, "Cast", [ids], {"to": 9}), "nonzero")
     one = g.add_constant(Splat(1, (), np.int64), name="one_id")
     doubled = kit.add(g, "Where", [kit.add(g, "Equal", [ids, one]), one, kit.add(g, "Add", [ids, ids])])
-    g.add_output(kit.add(g, "Cast", [kit.add(g, "Concat", [doubled, ids], {"axis": 0})], {"to": 6}), "int_ids")
+    int_ids = kit.add(g, "Cast", [kit.add(g, "Concat", [doubled, ids], {"axis": 0})], {"to": 6})
+    g.add_output(int_ids, "int_ids")
+    shifts = g.add_constant(np.array([0, 3, 31, 40, -2, 5], np.int32), name="shifts")
+    sevens = g.add_constant(np.array([7, -7, 0, -1, 3, 2], np.int32), name="sevens")
+    g.add_output(kit.add(g, "Mod", [kit.add(g, "BitShift", [int_ids, shifts], {"direction": "RIGHT"}), sevens]),
+                 "int32_bits")
+    mask = g.add_constant(Splat(0x0F0F, (), np.int64), name="mask")
+    two = g.add_constant(np.array([2, 70, -1], np.int64), name="two")
+    bits = kit.add(g, "BitwiseXor", [kit.add(g, "BitwiseOr", [kit.add(g, "BitwiseAnd", [ids, mask]),
+                                                                kit.add(g, "BitwiseNot", [ids])]),
+                                     kit.add(g, "BitShift", [ids, two], {"direction": "LEFT"})])
+    g.add_output(kit.add(g, "Mod", [bits, two], {"fmod": 1}), "int64_bits")
+    g.add_output(kit.add(g, "CastLike", [ids, x]), "ids_like_x")
+    g.add_output(kit.add(g, "CastLike", [x, h]), "x_like_h")
+    t = kit.add(g, "Tanh", [x])
+    inverse = t
+    for op in ("Asin", "Sinh", "Asinh", "Atan"):
+        inverse = kit.add(g, op, [inverse])
+    g.add_output(inverse, "inverse")
+    angle = t
+    for op in ("Acos", "Tan", "Cosh", "Acosh"):
+        angle = kit.add(g, op, [angle])
+    g.add_output(angle, "angle")
+    g.add_output(kit.add(g, "Atanh", [t]), "atanh")
+    divisor = g.add_constant(np.array([2.5, -2.5, 0.3, -0.3, 1e-3, 7.0, -1.0, 0.0], np.float32), name="divisor")
+    g.add_output(kit.add(g, "Round", [kit.add(g, "Mod", [x, divisor], {"fmod": 1})]), "fmod")
+    g.add_output(kit.add(g, "Mod", [x, divisor], {"fmod": 0}), "mod")
+    prod_axes = g.add_constant(np.array([3], np.int64), name="prod_axes")
+    g.add_output(kit.add(g, "ReduceProd", [x, prod_axes], {"keepdims": 0}), "prod")
     zero_axis = g.add_constant(np.array(0, np.int64), name="zero_axis")
     g.add_output(kit.add(g, "CumSum", [doubled, zero_axis], {"exclusive": 1, "reverse": 1}), "positions")
     g.add_output(kit.add(g, "ArgMax", [x], {"axis": 1, "keepdims": 0, "select_last_index": 1}), "argmax")

@@ -525,3 +525,222 @@ def test_prelu_with_a_per_channel_slope_on_nchwc16_and_sign_of_nan(kit, device):
     got, _ = kit.run_both(g, {"x": x}, device)
     np.testing.assert_array_equal(got["prelu"], np.where(x < 0, x * slope, x))
     np.testing.assert_array_equal(got["sign"], np.sign(np.where(x < 0, x * slope, x)))
+
+
+# ---- float math of libm.py, remainders and bits -------------------------------------------------------
+
+LIBM_UNARY = {"Tan": np.tan, "Asin": np.arcsin, "Acos": np.arccos, "Atan": np.arctan, "Sinh": np.sinh,
+              "Cosh": np.cosh, "Asinh": np.arcsinh, "Acosh": np.arccosh, "Atanh": np.arctanh}
+"""Ops computed in float64 by libm.py helpers (Triton's interpreter has no libdevice)."""
+
+DOMAIN = {"Asin": (-1.25, 1.25), "Acos": (-1.25, 1.25), "Atanh": (-1.25, 1.25), "Acosh": (0.5, 6.0)}
+"""Where an op's random inputs are drawn, past its domain too (NaN there); others: normal * 4."""
+
+SPECIAL = [0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 1e-30, -3e-6, 95.0]
+"""Values every unary op meets: zeros of both signs, infinities, NaN, its domain's ends, a
+tiny argument (where a formula would cancel), one whose sinh and cosh overflow float32."""
+
+
+@pytest.mark.parametrize("op", sorted(LIBM_UNARY))
+def test_inverse_trigonometry_and_hyperbolics_are_the_float64_value_rounded(kit, device, op):
+    """On an operand packed in ragged tiles: the float64 function's value rounded to float32,
+    to within an ulp (the interpreter gives it bit for bit), NaN exactly where NumPy gives
+    NaN, the signs of zeros and infinities kept; NumPy's float32 functions (the NumPy backend)
+    agree to 3e-7 (2 ulps), their own error."""
+    rng = np.random.default_rng(sorted(LIBM_UNARY).index(op))
+    lo, hi = DOMAIN.get(op, (None, None))
+    x = (rng.uniform(lo, hi, (13, 37)) if lo is not None else rng.standard_normal((13, 37)) * 4).astype(F32)
+    x.reshape(-1)[:len(SPECIAL)] = SPECIAL
+    got, want = kit.run_both(_unary_graph(kit, op, {}, RAGGED), {"x": x}, device)
+    y = got["y"]
+    with np.errstate(all="ignore"):
+        exact = LIBM_UNARY[op](x.astype(np.float64)).astype(F32)
+    nan = np.isnan(exact)
+    np.testing.assert_array_equal(np.isnan(y), nan)
+    np.testing.assert_array_equal(np.signbit(y[~nan]), np.signbit(exact[~nan]))
+    np.testing.assert_array_max_ulp(y[~nan], exact[~nan], maxulp=1)
+    np.testing.assert_allclose(y, want["y"], rtol=3e-7, atol=0)
+
+
+@pytest.mark.parametrize("op", [*sorted(LIBM_UNARY), "Round"])
+def test_libm_ops_pass_the_conformance_cases(kit, device, op):
+    """Their float32 cases. NumPy's float32 functions computed the expected answers, so those
+    are 2 ulps (3e-7) off at worst, NumPy's own error."""
+    kit.check_conformance(op, device, keep=lambda case: kit.first_input(case).dtype == F32, rtol=3e-7)
+
+
+def _same_bits(got: np.ndarray, want: np.ndarray) -> None:
+    """Equal bit for bit (the sign of a zero included), NaN where `want` is NaN."""
+    nan = np.isnan(want)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got[~nan].view(np.uint8), want[~nan].view(np.uint8))
+
+
+def test_round_takes_halves_to_even_like_numpy(kit, device):
+    """Halves go to the even neighbour (2.5 -> 2, -0.5 -> -0), the float below a half rounds
+    down, floats from 2**23 on are whole already, and +-inf, NaN and the sign of zero come
+    through: np.rint bit for bit, on an operand packed in ragged tiles."""
+    rng = np.random.default_rng(20)
+    x = np.concatenate([np.arange(-40, 41) / 2, rng.standard_normal(300) * 1e3, rng.standard_normal(60) * 1e8,
+                        [0.0, -0.0, np.inf, -np.inf, np.nan, 8388607.5, -8388607.5, 8388609.0, 0.49999997,
+                         -0.49999997, 1e-45, -1e-45]])
+    x = np.resize(x, (7, 71)).astype(F32)
+    got, want = kit.run_both(_unary_graph(kit, "Round", {}, RAGGED, (7, 71)), {"x": x}, device)
+    _same_bits(got["y"], np.rint(x))
+    _same_bits(got["y"], want["y"])
+
+
+def _every_magnitude(rng: np.random.Generator, n: int, dtype: type) -> np.ndarray:
+    """n floats of both signs spread over every binade of `dtype`, subnormals included."""
+    info = np.finfo(dtype)
+    exponents = rng.integers(int(np.log2(info.smallest_subnormal)), info.maxexp, n)
+    return (rng.uniform(-1, 1, n) * np.exp2(exponents.astype(np.float64))).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", [F32, np.float16])
+@pytest.mark.parametrize("fmod", [0, 1])
+def test_float_mod_is_exact_with_the_sign_numpy_gives(kit, device, dtype, fmod):
+    """Mod of floats of every magnitude (quotients up to 2**276, where a - trunc(a/b) * b is
+    garbage), of small whole numbers and of every pair of specials, the divisor packed in
+    16-tiles: np.mod (fmod=0: the divisor's sign, zeros too) or np.fmod (fmod=1: the dividend's)
+    bit for bit; NaN for a zero divisor, an infinite dividend or a NaN, the dividend for an
+    infinite divisor (with fmod=0, the divisor where the signs differ)."""
+    rng = np.random.default_rng(21 + fmod)
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 3.0, -3.0])
+    sa, sb = np.meshgrid(specials, specials)
+    a = np.concatenate([_every_magnitude(rng, 200, dtype), rng.integers(-30, 31, 200), sa.ravel()]).astype(dtype)
+    b = np.concatenate([_every_magnitude(rng, 200, dtype), rng.integers(-6, 7, 200), sb.ravel()]).astype(dtype)
+    enc = PackedEncoding((0,), (16,))
+    g = Graph("mod")
+    av = g.add_input("a", TensorType(a.shape, dtype))
+    bv = kit.add(g, "Pack", [g.add_input("b", TensorType(b.shape, dtype))], {"encoding": enc}, encoding=enc)
+    g.add_output(kit.add(g, "Mod", [av, bv], {"fmod": fmod}), "y")
+    got, want = kit.run_both(g, {"a": a, "b": b}, device)
+    with np.errstate(all="ignore"):
+        _same_bits(got["y"], (np.fmod if fmod else np.mod)(a, b))
+    _same_bits(got["y"], want["y"])
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("fmod", [0, 1])
+def test_integer_mod_has_the_divisors_or_the_dividends_sign(kit, device, dtype, fmod):
+    """Values over the whole type (past 2**24, its minimum and maximum) by a broadcast row of
+    divisors of both signs, -1 (the minimum's quotient overflows) and 0: np.mod (fmod=0, the
+    divisor's sign, as ONNX asks of integers) or np.fmod (fmod=1, the dividend's) exactly, 0
+    for a zero divisor as NumPy gives."""
+    info = np.iinfo(dtype)
+    rng = np.random.default_rng(23)
+    a = rng.integers(info.min, info.max, (6, 23), dtype=dtype, endpoint=True)
+    a[:, :4] = [info.min, info.max, -1, 0]
+    b = rng.integers(-2**20, 2**20, 23).astype(dtype)
+    b[:6] = [-1, 0, 7, -7, info.min, info.max]
+    g = Graph("int_mod")
+    av = g.add_input("a", TensorType(a.shape, dtype))
+    g.add_output(kit.add(g, "Mod", [av, g.add_input("b", TensorType(b.shape, dtype))], {"fmod": fmod}), "y")
+    got, want = kit.run_both(g, {"a": a, "b": b}, device)
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(got["y"], (np.fmod if fmod else np.mod)(a, b))
+    np.testing.assert_array_equal(got["y"], want["y"])
+    assert got["y"].dtype == dtype
+
+
+def test_mod_passes_the_conformance_cases(kit, device):
+    """The float32, float16, int32 and int64 cases tilefold reads (fmod=1 on floats; both on
+    integers), then the float cases with fmod=0 that only opset 28 defines, built by hand."""
+    kept = (F32, np.float16, np.int32, np.int64)
+    kit.check_conformance("Mod", device, keep=lambda case: kit.first_input(case).dtype in kept
+                          and "fmod_0" not in case.name, least=6)
+    kit.check_conformance("Mod", device, keep=lambda case: kit.first_input(case).dtype in kept
+                          and "fmod_0" in case.name, least=4, by_hand=True)
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_bitwise_ops_keep_every_bit_of_the_integer_type(kit, device, dtype):
+    """And, Or and Xor with a broadcast row, and Not, of values over the whole type."""
+    info = np.iinfo(dtype)
+    rng = np.random.default_rng(24)
+    a = rng.integers(info.min, info.max, (5, 19), dtype=dtype, endpoint=True)
+    b = rng.integers(info.min, info.max, 19, dtype=dtype, endpoint=True)
+    g = Graph("bits")
+    av = g.add_input("a", TensorType(a.shape, dtype))
+    bv = g.add_input("b", TensorType(b.shape, dtype))
+    for op in ("BitwiseAnd", "BitwiseOr", "BitwiseXor"):
+        g.add_output(kit.add(g, op, [av, bv]), op)
+    g.add_output(kit.add(g, "BitwiseNot", [av]), "BitwiseNot")
+    got, _ = kit.run_both(g, {"a": a, "b": b}, device)
+    np.testing.assert_array_equal(got["BitwiseAnd"], a & b)
+    np.testing.assert_array_equal(got["BitwiseOr"], a | b)
+    np.testing.assert_array_equal(got["BitwiseXor"], a ^ b)
+    np.testing.assert_array_equal(got["BitwiseNot"], ~a)
+    assert {got[name].dtype for name in got} == {np.dtype(dtype)}
+
+
+@pytest.mark.parametrize("op", ["BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot"])
+def test_bitwise_ops_pass_the_conformance_cases(kit, device, op):
+    kit.check_conformance(op, device, keep=lambda case: kit.first_input(case).dtype in (np.int32, np.int64))
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("direction", ["LEFT", "RIGHT"])
+def test_bit_shift_by_any_amount(kit, device, dtype, direction):
+    """Values over the whole type shifted by -3 to width + 3: in range, the bits shifted out
+    are lost (LEFT) or the sign fills (RIGHT, arithmetic); out of range, 0 or the sign fill,
+    as NumPy gives and ONNX opset 28 asks."""
+    info = np.iinfo(dtype)
+    width = 8 * np.dtype(dtype).itemsize
+    rng = np.random.default_rng(25)
+    x = rng.integers(info.min, info.max, (5, 19), dtype=dtype, endpoint=True)
+    y = rng.integers(-3, width + 4, (5, 19)).astype(dtype)
+    y[0, :4] = [0, width - 1, width, -1]
+    g = Graph("shift")
+    xv = g.add_input("x", TensorType(x.shape, dtype))
+    yv = g.add_input("y", TensorType(y.shape, dtype))
+    g.add_output(kit.add(g, "BitShift", [xv, yv], {"direction": direction}), "z")
+    got, want = kit.run_both(g, {"x": x, "y": y}, device)
+    np.testing.assert_array_equal(got["z"], (np.left_shift if direction == "LEFT" else np.right_shift)(x, y))
+    np.testing.assert_array_equal(got["z"], want["z"])
+
+
+def test_bit_shift_passes_the_conformance_cases_on_int32_and_int64(kit, device):
+    """Only opset 28 defines BitShift on signed integers (shifts past the width, negative
+    shifts, negative values): those cases, built by hand."""
+    kit.check_conformance("BitShift", device, keep=lambda case: kit.first_input(case).dtype in (np.int32, np.int64),
+                          least=10, by_hand=True)
+
+
+def test_cast_like_takes_only_the_dtype_of_its_second_operand(kit, device):
+    """The `like` operand is never loaded: an empty one, one of higher rank than the result,
+    an int32 one; the casts are Cast's (float32 to float16 rounded to nearest even, int64 ids
+    past 2**24 to float32, float32 to int32 toward zero)."""
+    rng = np.random.default_rng(26)
+    x = (rng.standard_normal((5, 11)) * 1e3).astype(F32)
+    ids = rng.integers(-2**40, 2**40, (5, 11))
+    g = Graph("cast_like")
+    xv = g.add_input("x", TensorType(x.shape, F32))
+    iv = g.add_input("ids", TensorType(ids.shape, np.int64))
+    empty = g.add_constant(np.zeros((0,), np.float16), name="empty_like")
+    wide = g.add_input("wide_like", TensorType((2, 5, 11), F32))
+    int32 = g.add_constant(np.zeros((3,), np.int32), name="int32_like")
+    g.add_output(kit.add(g, "CastLike", [xv, empty]), "half")
+    g.add_output(kit.add(g, "CastLike", [iv, wide]), "float")
+    g.add_output(kit.add(g, "CastLike", [kit.add(g, "Relu", [xv]), int32]), "int")
+    feeds = {"x": x, "ids": ids, "wide_like": np.full((2, 5, 11), np.nan, F32)}
+    got, _ = kit.run_both(g, feeds, device)
+    np.testing.assert_array_equal(got["half"], x.astype(np.float16))
+    np.testing.assert_array_equal(got["float"], ids.astype(F32))
+    np.testing.assert_array_equal(got["int"], np.maximum(x, 0).astype(np.int32))
+    assert [got[k].dtype for k in ("half", "float", "int")] == [np.float16, F32, np.int32]
+    sources = "\n".join(src for _, src in kernel_sources(g))
+    assert not any(name in sources for name in ("empty_like", "wide_like", "int32_like"))
+
+
+def test_cast_like_passes_the_conformance_cases_between_float32_and_float16(kit, device):
+    """NaN and the infinities included; float64, bfloat16 and the 8-, 4- and 2-bit types are no
+    chain dtypes (those cases run on the NumPy backend)."""
+    from onnx import TensorProto
+
+    def between_float32_and_float16(case) -> bool:
+        types = {value.type.tensor_type.elem_type for value in case.model.graph.input}
+        return types <= {TensorProto.FLOAT, TensorProto.FLOAT16}
+
+    kit.check_conformance("CastLike", device, keep=between_float32_and_float16, least=2)

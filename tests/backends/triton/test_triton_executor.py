@@ -18,13 +18,13 @@ F32 = np.float32
 
 
 def _graph_with_an_op_no_template_runs(kit):
-    """MatMul -> Atan (no template: the NumPy backend) -> Relu."""
+    """MatMul -> TopK sorting each row (no template: the NumPy backend) -> Relu."""
     g = Graph("mixed")
     rng = np.random.default_rng(0)
     w = rng.standard_normal((6, 9)).astype(F32)
     x = g.add_input("x", TensorType((4, 6), F32))
     m = kit.add(g, "MatMul", [x, g.add_constant(w, name="w")], name="mm")
-    c = kit.add(g, "Atan", [m], name="atan")
+    c = kit.add(g, "TopK", [m, g.add_constant(np.array([9], np.int64), name="k")], name="sort")
     g.add_output(kit.add(g, "Relu", [c], name="relu"), "y")
     return g, w
 
@@ -34,10 +34,11 @@ def test_unsupported_node_falls_back_to_numpy_with_counted_transfers(kit, device
     x = np.random.default_rng(1).standard_normal((4, 6)).astype(F32)
     exe = TritonExecutable(g, device=device)
     got = exe({"x": x})["y"]
-    np.testing.assert_allclose(got, np.maximum(np.arctan(x @ w), 0), rtol=1e-5, atol=1e-5)
-    assert exe.fallback_nodes == ["atan"]
-    # x goes in, mm's result to the host for atan, atan's result back, y leaves
-    assert exe.transfers == 4 and exe.transfer_bytes == 4 * (4 * 6 + 3 * 4 * 9)
+    np.testing.assert_allclose(got, np.maximum(-np.sort(-(x @ w), axis=1), 0), rtol=1e-5, atol=1e-5)
+    assert exe.fallback_nodes == ["sort"]
+    # x goes in, mm's result to the host for the sort, its sorted values and int64 indices
+    # (unread, but a device node's results all get device buffers) back, y leaves
+    assert exe.transfers == 5 and exe.transfer_bytes == 4 * (4 * 6 + 3 * 4 * 9) + 8 * 4 * 9
     assert [names for names, _ in kernel_sources(g)] == [["mm"], ["relu"]]
 
 
@@ -181,33 +182,33 @@ def test_shape_of_a_device_tensor_is_known_at_compile_time_and_moves_no_data(kit
     np.testing.assert_allclose(out["e"], np.exp(x_val), rtol=1e-6)
     assert exe.fallback_nodes == [] and exe.transfers == 2  # x in, e out: the shape reads no buffer
     assert supports(g, g.node("shape")) and supports(g, g.node("exp"))
-    atan = kit.add(g, "Atan", [x], name="atan")
-    assert not supports(g, g.node(atan.node))
+    top = kit.add(g, "TopK", [x, g.add_constant(np.array([2], np.int64), name="k")], name="top")
+    assert not supports(g, g.node(top.node))
 
 
 def test_ops_without_a_template_run_on_the_host_as_tilefold_run_does_them(kit):
-    """`tilefold run MODEL --device interp,cpu`: Atan and ReduceProd have no Triton
-    template, so they run with the NumPy kernels between the interpreter's MatMul kernels."""
+    """`tilefold run MODEL --device interp,cpu`: TopK and Einsum have no Triton template, so
+    they run with the NumPy kernels between the interpreter's MatMul kernels."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(5)
     w1, w2 = rng.standard_normal((6, 16)).astype(F32), rng.standard_normal((16, 8)).astype(F32)
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
-         helper.make_node("Atan", ["h"], ["m"], name="atan"),
+         helper.make_node("TopK", ["h", "k"], ["m", "order"], name="sort"),
          helper.make_node("MatMul", ["m", "w2"], ["z"], name="mm2"),
-         helper.make_node("ReduceProd", ["z", "axes"], ["y"], keepdims=0, name="prod")],
+         helper.make_node("Einsum", ["z"], ["y"], equation="ij->i", name="rows")],
         "host_ops", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
         [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"),
-         numpy_helper.from_array(np.array([1], np.int64), "axes")],
+         numpy_helper.from_array(np.array([16], np.int64), "k")],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     exe = tilefold.compile(tilefold.load(model), device="interp,cpu")
     x = rng.standard_normal((4, 6)).astype(F32)
     got = exe({"x": x})["y"]
     assert isinstance(exe, TritonExecutable)
-    assert {"atan", "prod"} <= set(exe.fallback_nodes) and not {"mm1", "mm2"} & set(exe.fallback_nodes)
+    assert {"sort", "rows"} <= set(exe.fallback_nodes) and not {"mm1", "mm2"} & set(exe.fallback_nodes)
     want = kit.ort_outputs(model, {"x": x})["y"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tilefold.backends.triton import TritonExecutable
 from tilefold.graph import Graph
 from tilefold.graph.types import Splat, TensorType
 from tilefold.layout.encoding import PackedEncoding
@@ -283,12 +284,46 @@ def test_scan_conformance_cases(kit, device, op):
 
 
 @pytest.mark.parametrize("op", ["ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp",
-                                "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "GlobalAveragePool"])
+                                "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "GlobalAveragePool"])
 def test_reduction_conformance_cases(kit, device, op):
     """Every float32 case (those that ask for the input back with empty axes are no
     reductions: they run on the NumPy backend)."""
     kit.check_conformance(op, device, rtol=1e-5, atol=1e-6, keep=lambda case: kit.first_input(case).dtype == F32
                           and "empty_axes_input_noop" not in case.name)
+
+
+@pytest.mark.parametrize("axis,keepdims", [(1, 0), (-1, 1)])
+def test_reduce_prod_of_a_packed_operand_is_the_float64_product_rounded(kit, device, axis, keepdims):
+    """Rows of 21 or 35 factors of both signs near 1, read from 16x16 tiles whose padding holds
+    3.0 (masked off: a padded lane counts as 1): the exact product rounded to float32; the NumPy
+    backend's float32 product, rounded once per factor, agrees to 35 float32 epsilons."""
+    rng = np.random.default_rng(30)
+    x = (rng.choice([-1.0, 1.0], (2, 21, 35)) * rng.uniform(0.8, 1.25, (2, 21, 35)) - 3.0).astype(F32)
+    g = Graph("prod")
+    v, shift = _operand(kit, g, x.shape, True)
+    g.add_output(kit.add(g, "ReduceProd", [v, g.add_constant(np.array([axis], np.int64), name="axes")],
+                         {"keepdims": keepdims}), "y")
+    got, ref = kit.run_both(g, {"x": x}, device)
+    exact = np.prod((x + F32(shift)).astype(np.float64), axis=axis, keepdims=bool(keepdims))
+    np.testing.assert_allclose(got["y"], exact.astype(F32), rtol=2e-7, atol=0)
+    np.testing.assert_allclose(got["y"], ref["y"], rtol=35 * 1.2e-7, atol=0)
+
+
+def test_reduce_prod_of_zeros_infinities_nan_and_partial_products_past_float32(kit, device):
+    """A zero, inf * 0 (NaN), a NaN, a row of infinities of mixed signs; and 1e30 * 1e30 *
+    1e-30 * 1e-30, which is 1: the product runs in float64, so no partial product overflows
+    (NumPy's float32 one gives inf there) or underflows."""
+    rows = np.array([[2.0, 0.0, -3.0, 5.0], [np.inf, 0.0, 1.0, 1.0], [1.0, np.nan, 2.0, 0.0],
+                     [-np.inf, np.inf, 2.0, -1.0], [1e30, 1e30, 1e-30, 1e-30], [1e-30, 1e-30, 1e30, -1e30]], F32)
+    g = Graph("prod_special")
+    rv = g.add_input("r", TensorType(rows.shape, F32))
+    g.add_output(kit.add(g, "ReduceProd", [rv, g.add_constant(np.array([1], np.int64), name="axes")],
+                         {"keepdims": 0}), "y")
+    exe = TritonExecutable(g, device=device)
+    got = exe({"r": rows})["y"]
+    assert exe.fallback_nodes == []
+    np.testing.assert_array_equal(got, [-0.0, np.nan, np.nan, np.inf, 1.0, -1.0])
+    assert np.signbit(got[0])
 
 
 def test_global_max_pool_and_log_sum_exp_of_infinite_rows(kit, device):
