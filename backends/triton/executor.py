@@ -389,7 +389,8 @@ class TritonExecutable:
     def _numpy_step(self, group: Group, inputs: list[Value | None], device: str, allow_fallback: bool,
                     planned: Mapping[Value, Any]) -> Step:
         """A node on the NumPy backend: on the host its results stay NumPy arrays (fresh ones);
-        on a Triton device they are copied into their planned buffers."""
+        on a Triton device those that something reads are copied into their planned buffers
+        (TopK's unread indices are not moved)."""
         from ..numpy.executor import node_kernel
 
         node = group.anchor
@@ -398,6 +399,7 @@ class TritonExecutable:
         present = [v for v in inputs if v is not None]
         outs = [Value(node.name, k) for k in range(len(node.outputs))]
         buffers = [None if device == HOST else self._buffer(v, device, planned) for v in outs]
+        wanted = [bool(self.graph.users(v)) for v in outs]
 
         def run(args: list[Any]) -> list[Any]:
             it = iter(self._host(a) for a in args)
@@ -407,7 +409,7 @@ class TritonExecutable:
             results = list(result) if isinstance(result, tuple) else [result]
             if device == HOST:
                 return results
-            return [self._count(_write(buf, r)) for buf, r in zip(buffers, results)]
+            return [self._count(_write(buf, r)) if read else None for buf, r, read in zip(buffers, results, wanted)]
 
         return Step(group, run, present, outs, device=device, buffers=buffers)
 
