@@ -1,5 +1,6 @@
 """Anchor ops, the ones a layout target chooses tiles for: MatMul, Gemm and Conv; and
-ConvTranspose and Einsum, which are not anchors and have no signature (layouts stop there).
+ConvTranspose and Einsum, which are not anchors and have no signature (layouts stop there;
+`tilefold.load` lowers an Einsum to MatMuls where it can: graph/passes/einsum.py).
 
 Signatures (k, c and the kernel dims are reductions; conv spatial dims are windows):
 - MatMul `...mk,...kn->...mn`, batch dims broadcast numpy-style; a 1-D A has no m

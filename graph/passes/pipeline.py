@@ -94,17 +94,18 @@ def simplify(
     graph: Graph, evaluate: "Evaluate", *, verify: bool = False, log: PipelineLog | None = None
 ) -> Graph:
     """The standard clean-up: fold constants (shape subgraphs, splats), fold BatchNorm, drop
-    empty Pads and fold zero Pads into the Convs that read them, compose chained Transposes,
-    CSE, DCE.
+    empty Pads and fold zero Pads into the Convs that read them, lower Einsums to MatMuls,
+    compose chained Transposes, CSE, DCE.
 
     `evaluate` runs one node on constant inputs; graph/ does not import a backend, so the
     caller passes the NumPy backend's (tilefold.load does).
     """
     from .cse import cse
     from .dce import dce
+    from .einsum import lower_einsum
     from .fold import constant_folding, fold_batchnorm
     from .pads import fold_pads
     from .transposes import compose_transposes
 
-    passes = [constant_folding(evaluate), fold_batchnorm, fold_pads, compose_transposes, cse, dce]
+    passes = [constant_folding(evaluate), fold_batchnorm, fold_pads, lower_einsum, compose_transposes, cse, dce]
     return run_passes(graph, passes, verify=verify, fixed_point=True, log=log)
