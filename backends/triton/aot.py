@@ -12,7 +12,8 @@ from .executor import plan_group
 from .launch import kernel_groups
 from .templates import TEMPLATES
 
-POINTER_TYPES = {"float32": "*fp32", "float16": "*fp16", "bool": "*i1", "int64": "*i64", "int32": "*i32"}
+POINTER_TYPES = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16", "bool": "*i1", "int64": "*i64",
+                 "int32": "*i32"}
 
 
 def compile_for_cuda(graph: Graph, capability: int) -> int:

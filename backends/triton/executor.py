@@ -26,6 +26,8 @@ Memory, per Triton device:
   `results`), each passed in its pointer slot; a padded packed result is filled with its pad
   value (zero where the padding is unknown) before the kernel writes, so the kernels write
   logical elements only;
+- a template's `prefill` (a scatter's data) is copied into its result buffer on the device
+  before each launch, and the kernel changes only some elements of it;
 - a view (a plain reshape) is its source's buffer relabelled, as the plan aliases it;
 - constants move to their device once, at compile time, outside the arena, and are never
   written; graph inputs belong to the caller and move to a device on first use (counted);
@@ -354,8 +356,11 @@ class TritonExecutable:
 
     def _kernel_step(self, group: Group, device: str, planned: Mapping[Value, Any]) -> Step:
         """A generated kernel's step: its planned result buffers (one per `plan.outputs`, in
-        the order of the kernel's result pointers), each padded packed one filled before a launch."""
+        the order of the kernel's result pointers), each padded packed one filled before a launch,
+        the first a copy of the template's `prefill` operand where it names one (a scatter's data)."""
         plan = plan_group(self.graph, group)
+        source = TEMPLATES[group.kind].prefill(self.graph, group.nodes)
+        copied = None if source is None else plan.inputs.index(source)
         target = self.devices[device]
         kernel = codegen.build(plan.source, plan.name, target.kind)
         outs = [self._buffer(v, device, planned) for v in plan.outputs]
@@ -373,6 +378,8 @@ class TritonExecutable:
                 return list(outs)
             for out, pad in pads:
                 out.fill_(pad)  # the arena holds an earlier buffer's bytes: the padding must be the pad value
+            if copied is not None:
+                outs[0].copy_(args[copied].reshape(outs[0].shape))
             pointers = [*plan.arguments(args, tables), *outs]
             with target.launching():
                 if cfg is None:
@@ -432,7 +439,7 @@ class TritonExecutable:
     def _host(self, x: Any) -> np.ndarray:
         """`x` in host memory, never a view of an arena (a counted transfer for a torch tensor)."""
         if _is_tensor(x):
-            return self._count(x.detach()).to("cpu", copy=True).numpy()
+            return _to_numpy(self._count(x.detach()).to("cpu", copy=True))
         return x
 
     def _count(self, x: Any) -> Any:
@@ -611,7 +618,20 @@ def _from_numpy(array: np.ndarray) -> Any:
     import torch
 
     array = np.ascontiguousarray(array)
+    if array.dtype.name == "bfloat16":  # an ml_dtypes array, which torch does not take: its bits
+        return _from_numpy(array.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(array if array.flags.writeable else array.copy())
+
+
+def _to_numpy(x: Any) -> np.ndarray:
+    """A host torch tensor as an array (bfloat16 as an ml_dtypes array of its bits)."""
+    import torch
+
+    if x.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return x.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return x.numpy()
 
 
 def _write(out: Any, x: Any) -> Any:
@@ -622,9 +642,7 @@ def _write(out: Any, x: Any) -> Any:
 
 
 def _torch_dtype(dtype: np.dtype) -> Any:
-    import torch
-
-    return torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
+    return _from_numpy(np.zeros(0, dtype=dtype)).dtype
 
 
 @dataclass
@@ -642,4 +660,4 @@ class _Meta:
 def _numpy_dtype(dtype: Any) -> np.dtype:
     import torch
 
-    return torch.empty(0, dtype=dtype).numpy().dtype
+    return _to_numpy(torch.empty(0, dtype=dtype)).dtype

@@ -1,6 +1,6 @@
 """Layout and movement ops: Pack, Unpack, Identity and Cast as copies inside a chain, and
 Transpose, Reshape (Flatten, Squeeze, Unsqueeze), the Gathers, Expand, Slice, Concat, Tile,
-Trilu, DepthToSpace, SpaceToDepth, the pools (pool.py), LRN (lrn.py), Resize (resize.py) and
+Trilu, OneHot, DepthToSpace, SpaceToDepth, the pools (pool.py), LRN (lrn.py), Resize (resize.py) and
 Pad (pad.py) as chain heads.
 
 In logical coordinates a Pack or an Unpack is the identity: the chain template
@@ -16,7 +16,8 @@ packed or permuted buffer is one copy), a Gather, GatherND or GatherElements at 
 index, an Expand at the broadcast index, a Slice at start + i * step, a Concat from the
 operand whose range holds i, a Tile at i modulo the operand's extent, a DepthToSpace or
 SpaceToDepth at the channel and position its block order maps i to, a Trilu at i (0 outside
-the triangle), a Resize at the source indices of its taps (looked up in Tables: codegen.py),
+the triangle), a OneHot at i without its new axis (the looked-up index, compared with i's
+coordinate on that axis), a Resize at the source indices of its taps (looked up in Tables: codegen.py),
 a Pad at i - before, masked, clamped, reflected or wrapped by its mode.
 """
 from __future__ import annotations
@@ -29,7 +30,8 @@ from ...graph.graph import Graph, Node
 from ...graph.ops.tensor import transpose_perm
 from ...graph.types import Value
 from . import lrn, pad, pool, resize
-from .indexing import broadcast_index, offset, parameter, register_dtype, triton_dtype, unravel, value_ok
+from .indexing import (broadcast_index, is_float, offset, parameter, register_dtype, triton_dtype, unravel,
+                       value_ok)
 
 
 def _copy(args: list[str], node: Node, consts: list[Any]) -> str:
@@ -192,6 +194,26 @@ def trilu_head(graph: Graph, node: Node, names: list[str], params: list[Value]) 
     return [*lines, f"x_t = tl.where({keep}, {var}, tl.zeros([BLOCK], dtype={zero}))"], "x_t"
 
 
+def one_hot_head(graph: Graph, node: Node, names: list[str], params: list[Value]) -> tuple[list[str], str]:
+    """values[1] where the index at the result index without the new axis (truncated to an
+    integer, counted from depth when negative) is the coordinate on that axis, else values[0];
+    an index outside [-depth, depth) matches no coordinate."""
+    indices, _, values = graph.inputs_of(node.name)
+    assert indices is not None and values is not None
+    axis = int(node.attrs.get("axis", -1)) % len(names)
+    depth = int(node.outputs[0].shape[axis])
+    lines = [f"idx = {_load(graph, indices, [*names[:axis], *names[axis + 1:]], params, 'indices', names)}"]
+    if is_float(graph.type_of(indices)):
+        lines.append("idx = idx.to(tl.int64)")
+    lines.append(f"idx = tl.where(idx < 0, idx + {depth}, idx)")
+    pointer, v_t = parameter(params, values), graph.type_of(values)
+    widen = ".to(tl.float32)" if is_float(v_t) else ""
+    for k, name in enumerate(("off", "on")):
+        load = f"tl.load({pointer} + {offset(v_t, [str(k)])}){widen}"
+        lines.append(f"{name} = {load}  # {graph.value_name(values)}[{k}]")
+    return [*lines, f"x_t = tl.where(idx == {names[axis]}, on, off)"], "x_t"
+
+
 def expand_head(graph: Graph, node: Node, names: list[str], params: list[Value]) -> tuple[list[str], str]:
     """Expand: the operand broadcast numpy-style to the result."""
     value = graph.inputs_of(node.name)[0]
@@ -250,8 +272,8 @@ def concat_head(graph: Graph, node: Node, names: list[str], params: list[Value])
 
 HEADS = {"Transpose": transpose_head, "Gather": gather_head, "GatherND": gather_nd_head,
          "GatherElements": gather_elements_head, "DepthToSpace": depth_to_space_head,
-         "SpaceToDepth": space_to_depth_head, "Tile": tile_head, "Trilu": trilu_head, "MaxPool": pool.pool_head,
-         "AveragePool": pool.pool_head, "LRN": lrn.lrn_head, "Resize": resize.resize_head,
+         "SpaceToDepth": space_to_depth_head, "Tile": tile_head, "Trilu": trilu_head, "OneHot": one_hot_head,
+         "MaxPool": pool.pool_head, "AveragePool": pool.pool_head, "LRN": lrn.lrn_head, "Resize": resize.resize_head,
          "Pad": pad.pad_head, "Expand": expand_head, "Slice": slice_head, "Concat": concat_head,
          **{op: reshape_head for op in RESHAPES}}
 
@@ -263,7 +285,7 @@ SUPPORTS = {"MaxPool": pool.supports, "AveragePool": pool.supports, "LRN": lrn.s
 
 def supports_head(graph: Graph, node: Node) -> bool:
     """A movement op on a static float, bool or integer operand (the Gathers: integer indices;
-    Tile, Trilu: constant repeats and k), or a variant a head's own module supports."""
+    Tile, Trilu, OneHot: constant repeats, k and depth), or a variant a head's own module supports."""
     if node.op in SUPPORTS:
         return SUPPORTS[node.op](graph, node)
     if node.op not in HEADS or len(node.outputs) != 1:
@@ -284,6 +306,9 @@ def supports_head(graph: Graph, node: Node) -> bool:
         return _constant_ints(graph, node, 1) is not None
     if node.op == "Trilu":
         return x_type.rank >= 2 and (len(values) < 2 or values[1] is None or _constant_ints(graph, node, 1) is not None)
+    if node.op == "OneHot":
+        v_t = graph.type_of(values[2]) if len(values) > 2 and values[2] is not None else None
+        return x_type.dtype != np.bool_ and _constant_ints(graph, node, 1) is not None and value_ok(v_t)
     if node.op == "Concat":
         return all(v is not None and value_ok(graph.type_of(v)) for v in values)
     return True

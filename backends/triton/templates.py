@@ -6,7 +6,9 @@ reshape of a plain buffer is a view ("view") and Shape/Size of a static tensor a
 computed at compile time ("static"): no kernel at all.
 
 A kernel writes one result, slot 0 of its group's last node, except where its template's
-`results` names more (a Split writes every output slot: split.py).
+`results` names more (a Split writes every output slot: split.py). A template's `prefill`
+names an operand the executor copies into that result before each launch, for a kernel that
+only changes some of its elements (a scatter: scatter.py).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import numpy as np
 
 from ...graph.graph import Graph, Node
 from ...graph.types import Value
-from . import conv, elementwise, layout_ops, matmul, reduce, split
+from . import conv, elementwise, layout_ops, matmul, reduce, scatter, split
 from .codegen import Table
 from .indexing import next_pow2
 
@@ -36,6 +38,7 @@ class Template:
     tiles: Callable[[Graph, Nodes], list] = lambda graph, nodes: []
     check: Callable[[Graph, Nodes, dict[str, Any]], "str | None"] = lambda graph, nodes, config: None
     results: Callable[[Nodes], list[Value]] = lambda nodes: [Value(nodes[-1].name)]
+    prefill: Callable[[Graph, Nodes], "Value | None"] = lambda graph, nodes: None
 
 
 def _numel(nodes: Nodes) -> int:
@@ -84,6 +87,12 @@ TEMPLATES: dict[str, Template] = {
         constexprs=lambda config: {"BLOCK": config["BLOCK"]},
         defaults=lambda graph, nodes, tile: _flat_defaults(split.numel(graph, nodes), tile),
         keys=frozenset({"BLOCK", "num_warps", "num_stages"}), results=split.results),
+    "scatter": Template(
+        "scatter", scatter.supports, scatter.kernel,
+        grid=lambda graph, nodes, config: _flat_grid(scatter.numel(graph, nodes), config),
+        constexprs=lambda config: {"BLOCK": config["BLOCK"]},
+        defaults=lambda graph, nodes, tile: _flat_defaults(scatter.numel(graph, nodes), tile),
+        keys=frozenset({"BLOCK", "num_warps", "num_stages"}), prefill=scatter.prefill),
 }
 
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
@@ -121,7 +130,8 @@ RULES: list[tuple[str, Callable[[Graph, Node], bool]]] = [
     ("transfer", lambda graph, node: node.op == "Transfer"),
     ("static", lambda graph, node: static_result(graph, node) is not None),
     ("view", _plain_view),
-    *((kind, TEMPLATES[kind].supports) for kind in ("matmul", "conv", "reduce", "chain", "movement", "split")),
+    *((kind, TEMPLATES[kind].supports) for kind in ("matmul", "conv", "reduce", "chain", "movement", "split",
+                                                                 "scatter")),
 ]
 """Which kernel runs a node: the first rule that holds (else the NumPy backend)."""
 
@@ -144,4 +154,4 @@ def supported_ops() -> frozenset[str]:
 
     return frozenset({*elementwise.OPS, *layout_ops.HEADS, *VIEW_OPS, "MatMul", "Gemm", "Conv", "ConvTranspose",
                       "Softmax", "LogSoftmax", *NORMALIZATIONS, *REDUCE_OPS, *SCANS, "Split", "Transfer",
-                      "Shape", "Size"})
+                      "Shape", "Size", *scatter.OPS})

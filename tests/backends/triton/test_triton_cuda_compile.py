@@ -2,7 +2,8 @@
 PTX, cubin through the bundled ptxas) for sm_90 and sm_80, from the generated sources of
 small models and of the dtype and op variants (bool and integer chains, float16, pools, gathers (GatherND too), resizes,
 splits into several results, pads in every mode, bool reductions, scans, the float64 helpers of
-libm.py, remainders, bits and products). This catches what the interpreter accepts and the
+libm.py, remainders, bits and products, OneHot, and scatters by store, by atomics and by
+compare-and-swap on 16- and 32-bit words). This catches what the interpreter accepts and the
 compiler does not."""
 from __future__ import annotations
 
@@ -136,16 +137,50 @@ def _variants(kit) -> Graph:
                                     None, g.add_constant(np.array([1], np.int64), name="h_axes")],
                          {"mode": "wrap"}), "h_wrapped")
     g.add_output(kit.add(g, "Pad", [keep, spatial], {"mode": "edge"}), "keep_edge")
+    g.add_output(kit.add(g, "OneHot", [ids, g.add_constant(np.array(8, np.int64), name="depth"),
+                                       g.add_constant(np.array([0, 1], np.float16), name="off_on")], {"axis": 0}),
+                 "one_hot")
+    rows = g.add_constant(np.array([[3, -2, 3], [0, 19, -16]], np.int32), name="rows")
+    h_updates = g.add_constant(np.random.default_rng(4).standard_normal((2, 3)).astype(np.float16), name="h_up")
+    for reduction in ("max", "none"):
+        g.add_output(kit.add(g, "ScatterElements", [h, rows, h_updates], {"axis": 0, "reduction": reduction}),
+                     f"h_scatter_{reduction}")
+    g.add_output(kit.add(g, "ScatterElements", [table, picks, g.add_constant(np.full((2, 2), 1.5, np.float32),
+                                                                              name="factors")],
+                         {"axis": 1, "reduction": "mul"}), "table_mul")
+    g.add_output(kit.add(g, "ScatterND", [x, g.add_constant(np.array([[0, 5], [1, -1], [0, 5]], np.int64),
+                                                           name="planes"),
+                                          g.add_constant(np.ones((3, 9, 8), np.float32), name="planes_up")],
+                         {"reduction": "add"}), "x_scatter_add")
+    slots = g.add_constant(np.array([[0], [2], [-3]], np.int64), name="slots")
+    g.add_output(kit.add(g, "ScatterND", [ids, slots, ids], {"reduction": "add"}), "ids_scatter_add")
+    g.add_output(kit.add(g, "ScatterElements", [int_ids, g.add_constant(np.array([1, -1, 1], np.int64), name="at"),
+                                                g.add_constant(np.array([-5, 9, 2], np.int32), name="int_up")],
+                         {"reduction": "min"}), "int_scatter_min")
     last, middle = (g.add_constant(np.array([a], np.int64), name=f"axis{a}") for a in (-1, 1))
     g.add_output(kit.add(g, "ReduceMax", [keep, last], {"keepdims": 1}), "any")
     g.add_output(kit.add(g, "ReduceMin", [keep, middle], {"keepdims": 0}), "all")
     return g
 
 
+def _bfloat16_scatters(kit) -> Graph:
+    """Scatters of bfloat16 data (no NumPy reference: compiled, not run), which swap 16-bit words."""
+    import ml_dtypes
+
+    g = Graph("bfloat16_scatters")
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    x = g.add_input("x", TensorType((6, 5), bf16))
+    at = g.add_constant(np.array([[1, -1, 1, 0, 2]], np.int64), name="at")
+    up = g.add_constant(np.ones((1, 5), bf16), name="up")
+    for reduction in ("add", "max", "none"):
+        g.add_output(kit.add(g, "ScatterElements", [x, at, up], {"axis": 1, "reduction": reduction}), reduction)
+    return g
+
+
 @pytest.mark.parametrize("capability", [90, 80])
 def test_generated_kernels_compile_for_the_gpu(kit, capability):
     pytest.importorskip("triton.backends.nvidia")
-    graphs = [_variants(kit)]
+    graphs = [_variants(kit), _bfloat16_scatters(kit)]
     for model in (mlp_model(batch=5, sizes=(20, 33, 7)), mlp_model(batch=3, sizes=(18, 40, 6), gemm=True),
                   kit.small_cnn(), kit.tiny_transformer()):
         plain = tilefold.load(model)

@@ -214,23 +214,18 @@ def test_ops_without_a_template_run_on_the_host_as_tilefold_run_does_them(kit):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_a_scatter_falls_back_to_numpy_between_triton_kernels(kit):
-    """Exp -> ScatterElements (no template: the NumPy backend, max over repeated positions) -> Relu."""
-    g = Graph("scatter")
+def test_a_host_op_falls_back_to_numpy_between_triton_kernels(kit):
+    """Exp -> Einsum ii->i (a diagonal: no template, the NumPy backend) -> Relu."""
+    g = Graph("diagonal")
     rng = np.random.default_rng(9)
-    x = g.add_input("x", TensorType((4, 6), F32))
-    index = rng.integers(-6, 6, (4, 3)).astype(np.int64)
-    updates = rng.standard_normal((4, 3)).astype(F32)
+    x = g.add_input("x", TensorType((5, 5), F32))
     e = kit.add(g, "Exp", [x], name="exp")
-    s = kit.add(g, "ScatterElements", [e, g.add_constant(index, name="index"), g.add_constant(updates, name="up")],
-                {"axis": 1, "reduction": "max"}, name="scatter")
-    g.add_output(kit.add(g, "Relu", [s], name="relu"), "y")
-    x_val = rng.standard_normal((4, 6)).astype(F32)
+    d = kit.add(g, "Einsum", [e], {"equation": "ii->i"}, name="diagonal")
+    g.add_output(kit.add(g, "Relu", [d], name="relu"), "y")
+    x_val = rng.standard_normal((5, 5)).astype(F32)
     exe = TritonExecutable(g, device="interp")
-    want = np.exp(x_val)
-    np.maximum.at(want, (np.arange(4)[:, None], index % 6), updates)
-    np.testing.assert_allclose(exe({"x": x_val})["y"], np.maximum(want, 0), rtol=1e-6)
-    assert exe.fallback_nodes == ["scatter"]
+    np.testing.assert_allclose(exe({"x": x_val})["y"], np.exp(np.diag(x_val)), rtol=1e-6)
+    assert exe.fallback_nodes == ["diagonal"]
 
 
 def _nonzero_model(batch: int | str = 3):
