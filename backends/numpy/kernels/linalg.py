@@ -206,8 +206,9 @@ def _conv(spec: KernelSpec) -> Run:
         kernel_attr = tuple(w_type.shape[2:])
     if attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"):
         raise unsupported(spec, f"Conv auto_pad={attrs['auto_pad']!r} is not supported")
-    wmat = conv_weight_matrix(wide(weight), groups) if weight is not None and not _is_depthwise(weight, groups) else None
-    dw_weight = DepthwiseWeights.from_onnx(wide(weight), groups) if _is_depthwise(weight, groups) else None
+    depthwise_weight = _is_depthwise(weight, groups)
+    wmat = conv_weight_matrix(wide(weight), groups) if weight is not None and not depthwise_weight else None
+    dw_weight = DepthwiseWeights.from_onnx(wide(weight), groups) if depthwise_weight else None
     bias_const = spec.const_array(2) if len(spec.consts) > 2 else None
     winograd = _winograd_applies(spec, kernel_attr, groups)
     wino_weight = weight_transform(weight) if winograd and weight is not None else None

@@ -205,14 +205,12 @@ def conv_nhwc(x: np.ndarray, weights: ConvWeights, plan: _Plan, bias: np.ndarray
         rows = x if nchw else np.moveaxis(x, -1, 1)
         y = splat_conv(rows, weights.rscf.flat[0], f, kernel_shape, plan.attrs, g, bias, geo)
         return np.ascontiguousarray(np.moveaxis(y, 1, -1))
-    if unit and not nchw:
-        n = x.shape[0]
-        if g == 1:
-            y = np.matmul(x.reshape(-1, cg), weights.gemm[0]).reshape(n, *spatial, f)
-        else:
-            y = gemm_conv(x.reshape(n, *spatial, g, *kernel_shape, cg), weights.gemm)
+    if g == 1 and unit and not nchw:
+        y = np.matmul(x.reshape(-1, cg), weights.gemm[0]).reshape(x.shape[0], *spatial, f)
     elif cg == 1 and g > 1:
         return depthwise(x, weights.depthwise, geo, nchw, bias)
+    elif unit and not nchw:  # grouped 1x1: each group's GEMM reads its channels of the buffer in place
+        y = gemm_conv(x.reshape(x.shape[0], *spatial, g, *kernel_shape, cg), weights.gemm)
     elif g == 1 and worth_winograd_nhwc(kernel_shape, geo, x.shape[0], cg, f) and not nchw:
         u = weights.winograd
         return winograd_nhwc(x, u, geo, bias)

@@ -97,6 +97,16 @@ def test_grouped_pointwise_conv_reads_the_buffer_without_a_column_copy(packed_ch
                  expect_path="native", rtol=1e-4, atol=1e-4)
 
 
+def test_a_pointwise_depthwise_conv_is_a_per_channel_scale_not_one_gemm_per_channel(packed_check, rng, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("a GEMM per channel ran")
+
+    monkeypatch.setattr(packed_conv, "gemm_conv", refuse)
+    x, w, b = _conv_args(rng, (2, 9, 5, 6), (9, 1, 1, 1))
+    packed_check("Conv", [x, w, b], [NHWC, RSCF, None], [NHWC], {"group": 9}, consts=(1, 2),
+                 expect_path="native", rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", [np.float16, np.float64])
 def test_conv_keeps_the_dtype(packed_check, rng, dtype):
     x, w, b = (a.astype(dtype) for a in _conv_args(rng, (1, 5, 7, 7), (6, 5, 3, 3)))
