@@ -54,21 +54,25 @@ def _flat_grid(numel: int, config: dict[str, Any]) -> tuple[int, ...]:
     return (max(1, -(-numel // config["BLOCK"])),)
 
 
-def _chain_defaults(graph: Graph, nodes: Nodes, tile: int) -> dict[str, Any]:
-    return _flat_defaults(_numel(nodes), tile)
+def _flat(kind: str, supports: Callable[[Graph, Node], bool],
+          kernel: Callable[[Graph, Nodes, str], tuple[str, list["Value | Table"]]],
+          numel: Callable[[Graph, Nodes], int], **extra: Any) -> Template:
+    """A template whose kernel iterates `numel` elements in blocks of BLOCK, one program each."""
+    return Template(
+        kind, supports, kernel,
+        grid=lambda graph, nodes, config: _flat_grid(numel(graph, nodes), config),
+        constexprs=lambda config: {"BLOCK": config["BLOCK"]},
+        defaults=lambda graph, nodes, tile: _flat_defaults(numel(graph, nodes), tile),
+        keys=frozenset({"BLOCK", "num_warps", "num_stages"}), **extra)
+
+
+def _result_numel(graph: Graph, nodes: Nodes) -> int:
+    return _numel(nodes)
 
 
 TEMPLATES: dict[str, Template] = {
-    "chain": Template(
-        "chain", elementwise.supports, elementwise.chain_kernel,
-        grid=lambda graph, nodes, config: _flat_grid(_numel(nodes), config),
-        constexprs=lambda config: {"BLOCK": config["BLOCK"]},
-        defaults=_chain_defaults, keys=frozenset({"BLOCK", "num_warps", "num_stages"})),
-    "movement": Template(
-        "movement", layout_ops.supports_head, elementwise.chain_kernel,
-        grid=lambda graph, nodes, config: _flat_grid(_numel(nodes), config),
-        constexprs=lambda config: {"BLOCK": config["BLOCK"]},
-        defaults=_chain_defaults, keys=frozenset({"BLOCK", "num_warps", "num_stages"})),
+    "chain": _flat("chain", elementwise.supports, elementwise.chain_kernel, _result_numel),
+    "movement": _flat("movement", layout_ops.supports_head, elementwise.chain_kernel, _result_numel),
     "matmul": Template(
         "matmul", matmul.supports, matmul.kernel, matmul.grid, matmul.constexprs, matmul.defaults,
         keys=frozenset({"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "input_precision"}),
@@ -81,18 +85,8 @@ TEMPLATES: dict[str, Template] = {
         "reduce", reduce.supports, reduce.kernel, reduce.grid,
         constexprs=lambda config: {"BLOCK": config["BLOCK"]}, defaults=reduce.defaults,
         keys=frozenset({"BLOCK", "num_warps", "num_stages"}), check=reduce.check),
-    "split": Template(
-        "split", split.supports, split.kernel,
-        grid=lambda graph, nodes, config: _flat_grid(split.numel(graph, nodes), config),
-        constexprs=lambda config: {"BLOCK": config["BLOCK"]},
-        defaults=lambda graph, nodes, tile: _flat_defaults(split.numel(graph, nodes), tile),
-        keys=frozenset({"BLOCK", "num_warps", "num_stages"}), results=split.results),
-    "scatter": Template(
-        "scatter", scatter.supports, scatter.kernel,
-        grid=lambda graph, nodes, config: _flat_grid(scatter.numel(graph, nodes), config),
-        constexprs=lambda config: {"BLOCK": config["BLOCK"]},
-        defaults=lambda graph, nodes, tile: _flat_defaults(scatter.numel(graph, nodes), tile),
-        keys=frozenset({"BLOCK", "num_warps", "num_stages"}), prefill=scatter.prefill),
+    "split": _flat("split", split.supports, split.kernel, split.numel, results=split.results),
+    "scatter": _flat("scatter", scatter.supports, scatter.kernel, scatter.numel, prefill=scatter.prefill),
 }
 
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
