@@ -17,6 +17,17 @@ CumSum, ArgMax and ArgMin walk the row in scan order (reversed for `reverse` and
 ids and end-of-text tokens that text models compute from their inputs): CumSum is a
 `tl.cumsum` of the row (shifted by one for `exclusive`); ArgMax/ArgMin take the first index
 in scan order holding the row's extreme, or its first NaN, as NumPy does.
+
+TopK (a constant K, `largest` 0 or 1; `sorted` 0 is given sorted, which ONNX allows) sorts
+the row with `tl.sort` on unique int64 keys: the value mapped to an order-preserving integer
+(float32 bits flipped by sign, -0.0 made 0.0 and every NaN the largest key, as NumPy's
+argsort puts NaN after +inf; int32 as is; negated as `-1 - v` for `largest`), times BLOCK,
+plus the index, so that equal values keep the lower index first and padded lanes (the
+largest int64) sort last. An int64 row is sorted twice, least significant half first (a
+radix sort of two digits): by (low 32 bits, index), then by (high 32 bits, rank in the first
+pass) with the index carried in the low bits. The first K indices are stored and the values
+are read back from the operand at them, so they are its own bits (-0.0 and NaN payloads
+kept). Rows up to TOPK_MAX_BLOCK; longer ones run on the NumPy backend.
 """
 from __future__ import annotations
 
@@ -72,6 +83,8 @@ def axes_of(graph: Graph, node: Node) -> tuple[int, ...] | None:
         return tuple(range(2, x.rank))
     if node.op in ("ArgMax", "ArgMin"):
         return (int(node.attrs.get("axis", 0)) % x.rank,)
+    if node.op == "TopK":
+        return (int(node.attrs.get("axis", -1)) % x.rank,)
     values = graph.inputs_of(node.name)
     given = len(values) > 1 and values[1] is not None
     axes = graph.constant_value(values[1]) if given else None
@@ -85,13 +98,44 @@ def axes_of(graph: Graph, node: Node) -> tuple[int, ...] | None:
 NORMALIZATIONS = frozenset({"LayerNormalization", "InstanceNormalization"})
 SCANS = frozenset({"CumSum", "ArgMax", "ArgMin"})
 """Row ops that walk the row in order (see the module docstring)."""
+TOPK_MAX_BLOCK = 4096
+"""Longest TopK row (its BLOCK): the index takes log2(BLOCK) bits of an int64 sort key, twice
+for an int64 row (32 + 2 * 12 bits)."""
+_INT64_MAX = "9223372036854775807"
+
+
+def topk_k(graph: Graph, node: Node) -> int | None:
+    """TopK's constant K, or None where it is computed at run time (or not one value)."""
+    values = graph.inputs_of(node.name)
+    const = graph.constant_value(values[1]) if len(values) > 1 and values[1] is not None else None
+    if const is None or np.asarray(const).size != 1:
+        return None
+    return int(np.asarray(const).reshape(-1)[0])
+
+
+def _supports_topk(graph: Graph, node: Node, x: TensorType) -> bool:
+    """A static float, int32 or int64 row of 1..TOPK_MAX_BLOCK elements, a constant K in
+    1..row length, `largest` 0 or 1, static results of the operand's dtype and int64."""
+    values, order = node.outputs[0], node.outputs[1] if len(node.outputs) > 1 else None
+    if not (is_float(x) or is_integer(x)) or order is None or values.dtype != x.dtype or order.dtype != np.int64:
+        return False
+    if not (values.is_static and order.is_static) or any(int(d) == 0 for d in x.shape):
+        return False
+    if int(node.attrs.get("largest", 1)) not in (0, 1):
+        return False
+    axis = int(node.attrs.get("axis", -1)) % x.rank
+    length, k = int(x.shape[axis]), topk_k(graph, node)
+    return length <= TOPK_MAX_BLOCK and k is not None and 1 <= k <= length and \
+        all(int(t.shape[axis]) == k for t in (values, order))
 
 
 def supports(graph: Graph, node: Node) -> bool:
-    if node.op not in ("Softmax", "LogSoftmax", *NORMALIZATIONS, *REDUCE_OPS, *SCANS):
+    if node.op not in ("Softmax", "LogSoftmax", *NORMALIZATIONS, *REDUCE_OPS, *SCANS, "TopK"):
         return False
     values = graph.inputs_of(node.name)
     x = graph.type_of(values[0]) if values and values[0] is not None else None
+    if node.op == "TopK":
+        return x is not None and x.is_static and x.rank > 0 and _supports_topk(graph, node, x)
     if x is None or not x.is_static or x.rank == 0 or not _dtypes_ok(node.op, x, node.outputs[0]):
         return False
     if any(graph.users(Value(node.name, k)) for k in range(1, len(node.outputs))):
@@ -129,7 +173,15 @@ def check(graph: Graph, nodes: list[Node], config: dict[str, Any]) -> str | None
     length = row_length(graph, nodes[0])
     if config["BLOCK"] < length:
         return f"BLOCK={config['BLOCK']} is shorter than the row ({length} elements; one block holds a row)"
+    if nodes[0].op == "TopK" and config["BLOCK"] > TOPK_MAX_BLOCK:
+        return f"BLOCK={config['BLOCK']} is longer than a TopK row may be ({TOPK_MAX_BLOCK}: its sort keys' index bits)"
     return None
+
+
+def results(nodes: list[Node]) -> list[Value]:
+    """The values the kernel writes: TopK's values and indices, else the node's one result."""
+    node = nodes[-1]
+    return [Value(node.name, k) for k in range(2)] if node.op == "TopK" else [Value(node.name)]
 
 
 def _load(value: Value, t: TensorType, index: list[str], param: str, other: str) -> str:
@@ -167,6 +219,41 @@ def _scan(graph: Graph, node: Node, x_t: TensorType, names: list[str], axis: int
     return lines + [f"y = ({length - 1} - best).to(tl.int64)" if backward else "y = best.to(tl.int64)"]
 
 
+def _topk(graph: Graph, node: Node, x_t: TensorType, names: list[str], axis: int, length: int) -> list[str]:
+    """Lines storing TopK's first K values (out0) and int64 indices (out1) of the row (see the
+    module docstring: one sort of value-and-index keys, two for an int64 row)."""
+    k = topk_k(graph, node)
+    largest = bool(int(node.attrs.get("largest", 1)))
+    at = lambda i: [i if d == axis else n for d, n in enumerate(names)]  # noqa: E731
+    lines = ["s = tl.arange(0, BLOCK)", f"mask = s < {length}",
+             f"x = tl.load(in0 + {offset(x_t, at('s'))}, mask=mask, other=0)  # {x_t}"]
+    if x_t.dtype.name == "int64":
+        flip = "x = -1 - x" if largest else "x = x"
+        lines += [flip, "high = x >> 32", "low = x - (high << 32)",  # low: the unsigned low half
+                  f"key = tl.sort(tl.where(mask, low * BLOCK + s, {_INT64_MAX}))",
+                  "first = key & (BLOCK - 1)",  # the index at each rank of the first pass
+                  f"x = tl.load(in0 + {offset(x_t, at('first'))}, mask=mask, other=0)",
+                  flip, "high = x >> 32",
+                  f"key = tl.sort(tl.where(mask, (high * BLOCK + s) * BLOCK + first, {_INT64_MAX}))"]
+    else:
+        if is_float(x_t):
+            lines += ["x = x.to(tl.float32)", "x = tl.where(x == 0, 0.0, x)",  # -0.0 ties with 0.0
+                      "bits = x.to(tl.int32, bitcast=True)",
+                      "v = tl.where(bits < 0, bits ^ 2147483647, bits)",
+                      "v = tl.where(x != x, 2147483647, v)"]  # every NaN after +inf, as in NumPy
+        else:
+            lines.append("v = x")
+        if largest:
+            lines.append("v = -1 - v")
+        lines.append(f"key = tl.sort(tl.where(mask, v.to(tl.int64) * BLOCK + s, {_INT64_MAX}))")
+    values, order = node.outputs[0], node.outputs[1]
+    lines += ["index = key & (BLOCK - 1)", f"top = s < {k}",
+              f"y = tl.load(in0 + {offset(x_t, at('index'))}, mask=top)",
+              f"tl.store(out0 + {offset(values, at('s'))}, y, mask=top)  # {node.name} (TopK): {values}",
+              f"tl.store(out1 + {offset(order, at('s'))}, index, mask=top)  # indices: {order}"]
+    return lines
+
+
 def _reduced_index(node: Node, names: list[str], axes: tuple[int, ...]) -> list[str | None]:
     """Where a row's one result goes: its kept dims' indices, the reduced dims at 0 under
     keepdims (the default) or dropped."""
@@ -190,6 +277,9 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
     lines += unravel("row", [shape[d] for d in rows], [names[d] for d in rows])
     params: list[Value] = [values[0]]  # type: ignore[list-item]
     op = node.op
+    if op == "TopK":
+        lines += _topk(graph, node, x_t, names, axes[0], length)
+        return _source(fn_name, params, lines, results=2), params
     if op in SCANS:
         lines += _scan(graph, node, x_t, names, axes[0], length)
         store_index: list[str | None] = list(names) if op == "CumSum" else _reduced_index(node, names, axes)
@@ -244,8 +334,8 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
     return _source(fn_name, params, lines), params
 
 
-def _source(fn_name: str, params: list[Value], lines: list[str]) -> str:
-    args = [f"in{i}" for i in range(len(params))] + ["out0", "BLOCK: tl.constexpr"]
+def _source(fn_name: str, params: list[Value], lines: list[str], results: int = 1) -> str:
+    args = [f"in{i}" for i in range(len(params))] + [f"out{k}" for k in range(results)] + ["BLOCK: tl.constexpr"]
     return "@triton.jit\ndef {}({}):\n{}\n".format(fn_name, ", ".join(args), "\n".join("    " + x for x in lines))
 
 

@@ -6,7 +6,8 @@ reshape of a plain buffer is a view ("view") and Shape/Size of a static tensor a
 computed at compile time ("static"): no kernel at all.
 
 A kernel writes one result, slot 0 of its group's last node, except where its template's
-`results` names more (a Split writes every output slot: split.py). A template's `prefill`
+`results` names more (a Split writes every output slot: split.py; a TopK its values and
+indices: reduce.py). A template's `prefill`
 names an operand the executor copies into that result before each launch, for a kernel that
 only changes some of its elements (a scatter: scatter.py).
 """
@@ -84,7 +85,8 @@ TEMPLATES: dict[str, Template] = {
     "reduce": Template(
         "reduce", reduce.supports, reduce.kernel, reduce.grid,
         constexprs=lambda config: {"BLOCK": config["BLOCK"]}, defaults=reduce.defaults,
-        keys=frozenset({"BLOCK", "num_warps", "num_stages"}), check=reduce.check),
+        keys=frozenset({"BLOCK", "num_warps", "num_stages"}), check=reduce.check,
+        results=reduce.results),
     "split": _flat("split", split.supports, split.kernel, split.numel, results=split.results),
     "scatter": _flat("scatter", scatter.supports, scatter.kernel, scatter.numel, prefill=scatter.prefill),
 }
@@ -147,5 +149,5 @@ def supported_ops() -> frozenset[str]:
     from .reduce import NORMALIZATIONS, REDUCE_OPS, SCANS
 
     return frozenset({*elementwise.OPS, *layout_ops.HEADS, *VIEW_OPS, "MatMul", "Gemm", "Conv", "ConvTranspose",
-                      "Softmax", "LogSoftmax", *NORMALIZATIONS, *REDUCE_OPS, *SCANS, "Split", "Transfer",
+                      "Softmax", "LogSoftmax", *NORMALIZATIONS, *REDUCE_OPS, *SCANS, "TopK", "Split", "Transfer",
                       "Shape", "Size", *scatter.OPS})

@@ -2,8 +2,8 @@
 PTX, cubin through the bundled ptxas) for sm_90 and sm_80, from the generated sources of
 small models and of the dtype and op variants (bool and integer chains, float16, pools, gathers (GatherND too), resizes,
 splits into several results, pads in every mode, bool reductions, scans, the float64 helpers of
-libm.py, remainders, bits and products, OneHot, and scatters by store, by atomics and by
-compare-and-swap on 16- and 32-bit words). This catches what the interpreter accepts and the
+libm.py, remainders, bits and products, OneHot, TopK of every dtype it takes, and scatters by
+store, by atomics and by compare-and-swap on 16- and 32-bit words). This catches what the interpreter accepts and the
 compiler does not."""
 from __future__ import annotations
 
@@ -160,6 +160,12 @@ def _variants(kit) -> Graph:
     last, middle = (g.add_constant(np.array([a], np.int64), name=f"axis{a}") for a in (-1, 1))
     g.add_output(kit.add(g, "ReduceMax", [keep, last], {"keepdims": 1}), "any")
     g.add_output(kit.add(g, "ReduceMin", [keep, middle], {"keepdims": 0}), "all")
+    for name, value, k, attrs in (("x", x, 4, {"axis": 1}), ("h", h, 5, {"largest": 0}),
+                                  ("ids", ids, 2, {"axis": 0, "largest": 0}),
+                                  ("int_ids", int_ids, 3, {"axis": 0})):  # TopK: float32, float16, int64, int32
+        top = kit.add(g, "TopK", [value, g.add_constant(np.array([k], np.int64), name=f"top_k_{name}")], attrs)
+        g.add_output(top, f"top_{name}")
+        g.add_output(Value(top.node, 1), f"top_{name}_indices")
     return g
 
 
