@@ -25,7 +25,7 @@ import hashlib
 import importlib
 import linecache
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -96,6 +96,15 @@ class KernelPlan:
         (one per `tables`, on the kernel's device) in their parameter slots."""
         values_left, tables_left = iter(values), iter(tables)
         return [next(tables_left) if isinstance(p, Table) else next(values_left) for p in self.params]
+
+
+def jit_function(fn_name: str, operands: int, lines: Sequence[str], constexprs: Sequence[str] = ("BLOCK",),
+                 results: int = 1) -> str:
+    """A template's kernel: `@triton.jit def fn_name(in0.., out0.., NAME: tl.constexpr..)` (the
+    pointer order the executor passes) with `lines` as its body."""
+    args = [f"in{i}" for i in range(operands)] + [f"out{k}" for k in range(results)]
+    args += [f"{name}: tl.constexpr" for name in constexprs]
+    return "@triton.jit\ndef {}({}):\n{}\n".format(fn_name, ", ".join(args), "\n".join("    " + x for x in lines))
 
 
 def module_source(body: str) -> str:

@@ -31,6 +31,7 @@ import numpy as np
 from ...graph.graph import Graph, Node
 from ...graph.ops.shapes import transposed_window
 from ...graph.types import TensorType, Value
+from .codegen import jit_function
 from .elementwise import Loader, emit_chain, store_expr
 from .indexing import is_float, next_pow2, offset, unravel
 
@@ -238,9 +239,7 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
     lines += chain
     final = nodes[-1].outputs[0]
     lines.append(f"tl.store(out0 + {offset(final, index)}, {store_expr(var or 'acc', final)}, mask=mask)  # {final}")
-    args = [f"in{i}" for i in range(len(params))] + ["out0", "BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr",
-                                                      "BLOCK_K: tl.constexpr", "PRECISION: tl.constexpr"]
-    source = "@triton.jit\ndef {}({}):\n{}\n".format(fn_name, ", ".join(args), "\n".join("    " + x for x in lines))
+    source = jit_function(fn_name, len(params), lines, ("BLOCK_M", "BLOCK_N", "BLOCK_K", "PRECISION"))
     return source, params
 
 

@@ -21,7 +21,7 @@ import numpy as np
 
 from ...graph.graph import Graph, Node
 from ...graph.types import Splat, TensorType, Value
-from .codegen import Table
+from .codegen import Table, jit_function
 from .indexing import INTEGERS, NAN, broadcast_index, is_integer, literal, offset, triton_dtype, unravel, value_ok
 from .layout_ops import COPIES, HEADS
 
@@ -375,7 +375,6 @@ def chain_kernel(graph: Graph, nodes: Sequence[Node], fn_name: str) -> tuple[str
     where = offset(out_t, names) if shape else "offs"  # a rank-0 result: lane 0 of a block
     lines = block_lines(shape, names) + body
     lines.append(f"tl.store(out0 + {where}, {store_expr(var, out_t)}, mask=mask)  # {out_t}")
-    args = ", ".join([f"in{i}" for i in range(len(params))] + ["out0", "BLOCK: tl.constexpr"])
-    source = "@triton.jit\ndef {}({}):\n{}\n".format(fn_name, args, "\n".join("    " + line for line in lines))
+    source = jit_function(fn_name, len(params), lines)
     return source, params
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from ...graph.graph import Graph, Node
 from ...graph.types import TensorType, Value
+from .codegen import jit_function
 from .elementwise import Loader, emit_chain, store_expr
 from .indexing import broadcast_index, is_float, next_pow2, offset, unravel
 
@@ -135,10 +136,7 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
     var = var or "acc"
     where = offset(final, batch + [M_IDX, N_IDX])
     lines.append(f"tl.store(out0 + {where}, {store_expr(var, final)}, mask=mask)  # {final}")
-    args = [f"in{i}" for i in range(len(params))] + ["out0"]
-    args += ["BLOCK_M: tl.constexpr", "BLOCK_N: tl.constexpr", "BLOCK_K: tl.constexpr", "GROUP_M: tl.constexpr",
-             "PRECISION: tl.constexpr"]
-    source = "@triton.jit\ndef {}({}):\n{}\n".format(fn_name, ", ".join(args), "\n".join("    " + x for x in lines))
+    source = jit_function(fn_name, len(params), lines, ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "PRECISION"))
     return source, params
 
 

@@ -37,6 +37,7 @@ import numpy as np
 
 from ...graph.graph import Graph, Node
 from ...graph.types import TensorType, Value
+from .codegen import jit_function
 from .elementwise import store_expr
 from .indexing import broadcast_index, is_float, is_integer, next_pow2, offset, parameter, register_dtype, unravel
 
@@ -279,14 +280,14 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
     op = node.op
     if op == "TopK":
         lines += _topk(graph, node, x_t, names, axes[0], length)
-        return _source(fn_name, params, lines, results=2), params
+        return jit_function(fn_name, len(params), lines, results=2), params
     if op in SCANS:
         lines += _scan(graph, node, x_t, names, axes[0], length)
         store_index: list[str | None] = list(names) if op == "CumSum" else _reduced_index(node, names, axes)
         mask = ", mask=mask" if op == "CumSum" else ""
         lines.append(f"tl.store(out0 + {offset(out, store_index)}, {store_expr('y', out)}{mask})  "
                      f"# {node.name} ({op}): {out}")
-        return _source(fn_name, params, lines), params
+        return jit_function(fn_name, len(params), lines), params
     if len(axes) == 1:
         lines += [f"{names[axes[0]]} = tl.arange(0, BLOCK)", f"mask = {names[axes[0]]} < {length}"]
     else:
@@ -331,12 +332,7 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
     where = offset(out, store_index)
     mask = ", mask=mask" if op in ("Softmax", "LogSoftmax", *NORMALIZATIONS) else ""
     lines.append(f"tl.store(out0 + {where}, {store_expr('y', out)}{mask})  # {node.name} ({op}): {out}")
-    return _source(fn_name, params, lines), params
-
-
-def _source(fn_name: str, params: list[Value], lines: list[str], results: int = 1) -> str:
-    args = [f"in{i}" for i in range(len(params))] + [f"out{k}" for k in range(results)] + ["BLOCK: tl.constexpr"]
-    return "@triton.jit\ndef {}({}):\n{}\n".format(fn_name, ", ".join(args), "\n".join("    " + x for x in lines))
+    return jit_function(fn_name, len(params), lines), params
 
 
 def grid(graph: Graph, nodes: list[Node], config: dict[str, Any]) -> tuple[int, ...]:

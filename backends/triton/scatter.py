@@ -28,7 +28,7 @@ import numpy as np
 
 from ...graph.graph import Graph, Node
 from ...graph.types import TensorType, Value
-from .codegen import Table
+from .codegen import Table, jit_function
 from .elementwise import block_lines
 from .indexing import INTEGERS, NAN, is_float, offset, parameter, triton_dtype, value_ok
 from .layout_ops import _looked_up
@@ -165,6 +165,5 @@ def kernel(graph: Graph, nodes: Sequence[Node], fn_name: str) -> tuple[str, list
         lines.append(f"{atomic}(out0 + target, upd, mask=inside)  # {out_t}, {reduction}")
     else:
         lines += _cas_loop(out_t, reduction)
-    args = ", ".join([f"in{i}" for i in range(len(params))] + ["out0", "BLOCK: tl.constexpr"])
-    source = "@triton.jit\ndef {}({}):\n{}\n".format(fn_name, args, "\n".join("    " + line for line in lines))
+    source = jit_function(fn_name, len(params), lines)
     return source, params

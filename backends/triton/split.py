@@ -21,7 +21,7 @@ import numpy as np
 from ...graph.graph import Graph, Node
 from ...graph.types import Value, as_array
 from ..numpy.kernels.tensor import split_sizes
-from .codegen import Table
+from .codegen import Table, jit_function
 from .elementwise import block_lines, value_ok
 from .indexing import offset
 
@@ -91,6 +91,5 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
             lines.append(f"tl.store(out{k} + {offset(out, index)}, x, mask={mask})  "
                          f"# {graph.value_name(Value(node.name, k))}: {out}")
         low += size
-    args = ", ".join(["in0", *(f"out{k}" for k in range(len(node.outputs))), "BLOCK: tl.constexpr"])
-    source = "@triton.jit\ndef {}({}):\n{}\n".format(fn_name, args, "\n".join("    " + line for line in lines))
+    source = jit_function(fn_name, 1, lines, results=len(node.outputs))
     return source, [value]
