@@ -147,7 +147,7 @@ def gather_elements_head(graph: Graph, node: Node, names: list[str], params: lis
     return _head(node, graph, [*names[:axis], "idx", *names[axis + 1:]], names, params, lines, [*names, "idx"])
 
 
-def _constant_ints(graph: Graph, node: Node, slot: int) -> list[int] | None:
+def constant_ints(graph: Graph, node: Node, slot: int) -> list[int] | None:
     """Input `slot` as a list of ints when it is a constant (None when missing or computed)."""
     values = graph.inputs_of(node.name)
     value = values[slot] if len(values) > slot else None
@@ -186,7 +186,7 @@ def tile_head(graph: Graph, node: Node, names: list[str], params: list[Value]) -
 
 def trilu_head(graph: Graph, node: Node, names: list[str], params: list[Value]) -> tuple[list[str], str]:
     """The operand where column - row >= k (upper) or <= k (lower), else 0."""
-    k = (_constant_ints(graph, node, 1) or [0])[0]
+    k = (constant_ints(graph, node, 1) or [0])[0]
     row, col = names[-2:]
     keep = f"({col} - {row} >= {k})" if node.attrs.get("upper", 1) else f"({col} - {row} <= {k})"
     lines, var = _head(node, graph, list(names), names, params)
@@ -303,12 +303,12 @@ def supports_head(graph: Graph, node: Node) -> bool:
     if node.op in ("DepthToSpace", "SpaceToDepth"):
         return x_type.rank == 4 and (node.op == "DepthToSpace" or node.attrs.get("mode", "DCR") == "DCR")
     if node.op == "Tile":
-        return _constant_ints(graph, node, 1) is not None
+        return constant_ints(graph, node, 1) is not None
     if node.op == "Trilu":
-        return x_type.rank >= 2 and (len(values) < 2 or values[1] is None or _constant_ints(graph, node, 1) is not None)
+        return x_type.rank >= 2 and (len(values) < 2 or values[1] is None or constant_ints(graph, node, 1) is not None)
     if node.op == "OneHot":
         v_t = graph.type_of(values[2]) if len(values) > 2 and values[2] is not None else None
-        return x_type.dtype != np.bool_ and _constant_ints(graph, node, 1) is not None and value_ok(v_t)
+        return x_type.dtype != np.bool_ and constant_ints(graph, node, 1) is not None and value_ok(v_t)
     if node.op == "Concat":
         return all(v is not None and value_ok(graph.type_of(v)) for v in values)
     return True

@@ -39,6 +39,7 @@ from ...graph.graph import Graph, Node
 from ...graph.types import TensorType, Value
 from .codegen import jit_function
 from .elementwise import store_expr
+from .layout_ops import constant_ints
 from .indexing import broadcast_index, is_float, is_integer, next_pow2, offset, parameter, register_dtype, unravel
 
 MAX_BLOCK = 16384
@@ -107,11 +108,8 @@ _INT64_MAX = "9223372036854775807"
 
 def topk_k(graph: Graph, node: Node) -> int | None:
     """TopK's constant K, or None where it is computed at run time (or not one value)."""
-    values = graph.inputs_of(node.name)
-    const = graph.constant_value(values[1]) if len(values) > 1 and values[1] is not None else None
-    if const is None or np.asarray(const).size != 1:
-        return None
-    return int(np.asarray(const).reshape(-1)[0])
+    k = constant_ints(graph, node, 1)
+    return k[0] if k is not None and len(k) == 1 else None
 
 
 def _supports_topk(graph: Graph, node: Node, x: TensorType) -> bool:
