@@ -30,8 +30,8 @@ def compile_for_cuda(graph: Graph, capability: int) -> int:
         plan = plan_group(graph, group)
         fn = codegen.build(plan.source, plan.name, "cuda")
         consts = plan.constexprs(plan.config)
-        dtypes = [p.array.dtype.name if isinstance(p, codegen.Table) else graph.type_of(p).dtype.name
-                  for p in plan.params] + [graph.type_of(v).dtype.name for v in plan.outputs]
+        dtypes = [p.array.dtype.name if isinstance(p, codegen.Table) else
+                  "int32" if isinstance(p, codegen.Flag) else graph.type_of(p).dtype.name for p in plan.params] + [graph.type_of(v).dtype.name for v in plan.outputs]
         pointers = [name for name in fn.arg_names if name not in consts]
         signature = {name: POINTER_TYPES[dtype] for name, dtype in zip(pointers, dtypes)}
         signature.update({name: "constexpr" for name in consts})

@@ -16,7 +16,9 @@ template appended them (`in0, in1, ...`), then its results (`out0`; `out0, out1,
 kernel that writes several, a Split), then its constexprs. A `Table` is a constant array a
 template works out at generation time (a Resize's source rows and weights per output
 position): it is not a graph Value, so the schedule and the memory plan never see it; the
-executor moves it to the kernel's device once, at compile time.
+executor moves it to the kernel's device once, at compile time. A `Flag` is a device word a
+kernel writes when an index it looks up is out of range: the executor zeroes the flags before a
+run and reads them after it.
 """
 from __future__ import annotations
 
@@ -58,12 +60,23 @@ class Table:
         object.__setattr__(self, "array", array)
 
 
+@dataclass(frozen=True, eq=False)
+class Flag:
+    """An int32 word on the kernel's device that a lookup sets when an index lies outside
+    [-size, size): the index is then read as 0, so no load or store leaves its buffer, and the
+    executor, which reads every flag after a run, raises the error the NumPy backend raises at
+    once. `what` names the node and the index. Compared by identity."""
+
+    what: str
+    size: int
+
+
 @dataclass
 class KernelPlan:
     """One generated kernel: its source, the values it reads and writes, and how to launch it.
 
-    `params` are its pointer parameters before the results, in order: graph Values (`inputs`)
-    and Tables (`tables`); `outputs` the Values it writes, one per result pointer, in order.
+    `params` are its pointer parameters before the results, in order: graph Values (`inputs`),
+    Tables (`tables`) and Flags (`flags`); `outputs` the Values it writes, one per result pointer, in order.
     `grid(config)` gives the launch grid from the launch configuration, `constexprs(config)`
     the block sizes passed as `tl.constexpr` arguments; `config` is the group's configuration
     (launch.config: defaults overridden by the anchor node's `launch`)."""
@@ -85,17 +98,22 @@ class KernelPlan:
     @property
     def inputs(self) -> list[Any]:
         """The graph Values the kernel reads, in parameter order."""
-        return [p for p in self.params if not isinstance(p, Table)]
+        return [p for p in self.params if not isinstance(p, (Table, Flag))]
 
     @property
     def tables(self) -> list[Table]:
         return [p for p in self.params if isinstance(p, Table)]
 
-    def arguments(self, values: list[Any], tables: list[Any]) -> list[Any]:
-        """The pointer arguments before the results: `values` (one per `inputs`) and `tables`
-        (one per `tables`, on the kernel's device) in their parameter slots."""
-        values_left, tables_left = iter(values), iter(tables)
-        return [next(tables_left) if isinstance(p, Table) else next(values_left) for p in self.params]
+    @property
+    def flags(self) -> list[Flag]:
+        return [p for p in self.params if isinstance(p, Flag)]
+
+    def arguments(self, values: list[Any], tables: list[Any], flags: list[Any] = ()) -> list[Any]:
+        """The pointer arguments before the results: `values` (one per `inputs`), `tables` (one
+        per `tables`) and `flags` (one per `flags`), on the kernel's device, in their slots."""
+        left = {Table: iter(tables), Flag: iter(flags)}
+        values_left = iter(values)
+        return [next(left[type(p)]) if type(p) in left else next(values_left) for p in self.params]
 
 
 def jit_function(fn_name: str, operands: int, lines: Sequence[str], constexprs: Sequence[str] = ("BLOCK",),

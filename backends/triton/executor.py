@@ -31,6 +31,9 @@ Memory, per Triton device:
 - a view (a plain reshape) is its source's buffer relabelled, as the plan aliases it;
 - constants move to their device once, at compile time, outside the arena, and are never
   written; graph inputs belong to the caller and move to a device on first use (counted);
+- a kernel's flags (codegen.Flag: a lookup sets its flag for an index out of range) are one
+  int32 tensor per device, zeroed before each run and read after it (one small copy to the
+  host per device, not counted as a transfer): a set flag is the NumPy backend's error;
 - a kernel's tables (codegen.Table: lookup arrays a template works out at generation time, a
   Resize's source rows and weights) move to its device once, at compile time, outside the
   arena, and are never written; they are its step's (`Step.tables`), not graph Values, so the
@@ -152,6 +155,8 @@ class TritonDevice:
     kind: str
     torch_device: Any
     arena: Any = None
+    flags: list[codegen.Flag] = field(default_factory=list)
+    flag_words: Any = None  # an int32 tensor, one word per flag, allocated after the kernels are built
 
     def launching(self) -> contextlib.AbstractContextManager:
         """Triton launches on the current CUDA device: make it this one."""
@@ -251,6 +256,9 @@ class TritonExecutable:
             for v in step.outs:
                 home[v] = step.device if step.group.kind not in ("static",) else HOST
             self.steps.append(step)
+        for device in self.devices.values():
+            if device.flags:
+                device.flag_words = torch.zeros(len(device.flags), dtype=torch.int32, device=device.torch_device)
         if len(self.devices) > 1:
             self.note = "; ".join(f"{', '.join(n for n, d in self.devices.items() if d.kind == kind)}: "
                                   f"{DEVICE_NOTES[kind]}" for kind in sorted({d.kind for d in self.devices.values()}))
@@ -370,6 +378,9 @@ class TritonExecutable:
         grid, consts = plan.grid(cfg), plan.constexprs(cfg)
         warps, stages = int(cfg.get("num_warps", 4)), int(cfg.get("num_stages", 2))
         tables = [_from_numpy(t.array).to(target.torch_device) for t in plan.tables]
+        first_flag = len(target.flags)
+        target.flags.extend(plan.flags)
+        flag_slots = range(first_flag, len(target.flags))
 
         empty = all(out.numel() == 0 for out in outs)  # nothing to write (a reduction kept a dim of 0)
 
@@ -380,7 +391,8 @@ class TritonExecutable:
                 out.fill_(pad)  # the arena holds an earlier buffer's bytes: the padding must be the pad value
             if copied is not None:
                 outs[0].copy_(args[copied].reshape(outs[0].shape))
-            pointers = [*plan.arguments(args, tables), *outs]
+            flags = [target.flag_words[k:k + 1] for k in flag_slots]
+            pointers = [*plan.arguments(args, tables, flags), *outs]
             with target.launching():
                 if cfg is None:
                     codegen.launch(kernel, target.kind, grid, pointers, consts, warps, stages)
@@ -468,6 +480,9 @@ class TritonExecutable:
             self.transfers, self.transfer_bytes = inner.transfers, inner.transfer_bytes
             return outputs
         moved: dict[tuple[Value, str], Any] = {}
+        for device in self.devices.values():
+            if device.flag_words is not None:
+                device.flag_words.zero_()
         for step in self.steps:
             args = [self._arg(step, v, buffers, moved) for v in step.ins]
             try:
@@ -486,6 +501,7 @@ class TritonExecutable:
                 buffers.pop(v, None)
                 for device in self.devices:
                     moved.pop((v, device), None)
+        self._check_flags()
         outputs = {}
         for name, v in self._outputs:
             t = self.graph.type_of(v)
@@ -498,6 +514,18 @@ class TritonExecutable:
                 array = unpack(array, t.encoding, tuple(int(d) for d in t.shape))
             outputs[name] = array
         return outputs
+
+    def _check_flags(self) -> None:
+        """The NumPy backend's error for the first lookup (in schedule order) that met an index
+        out of range during the run."""
+        for device in self.devices.values():
+            if device.flag_words is None:
+                continue
+            words = device.flag_words.cpu().numpy()
+            for flag, word in zip(device.flags, words):
+                if word:
+                    raise InputError(f"{flag.what}: an index is out of range [-{flag.size}, {flag.size - 1}] "
+                                     f"(found on {device.name} after the run)")
 
     def _bind(self, feeds: Mapping[str, Any]) -> dict[Value, Any]:
         """Check the inputs (one-line InputErrors) and bind them to their values."""

@@ -13,7 +13,8 @@ logical elements; padding is never read, since every read is masked to the logic
 A head starts a chain by reading its operand at a remapped index of the chain's result:
 a Transpose at the permuted index, a Reshape at the same row-major position (so a reshape of a
 packed or permuted buffer is one copy), a Gather, GatherND or GatherElements at the looked-up
-index, an Expand at the broadcast index, a Slice at start + i * step, a Concat from the
+index (one outside its dim sets the kernel's codegen.Flag: an error after the run), an Expand
+at the broadcast index, a Slice at start + i * step, a Concat from the
 operand whose range holds i, a Tile at i modulo the operand's extent, a DepthToSpace or
 SpaceToDepth at the channel and position its block order maps i to, a Trilu at i (0 outside
 the triangle), a OneHot at i without its new axis (the looked-up index, compared with i's
@@ -26,10 +27,12 @@ from typing import Any
 
 import numpy as np
 
+from ...graph.errors import where
 from ...graph.graph import Graph, Node
 from ...graph.ops.tensor import transpose_perm
 from ...graph.types import Value
 from . import lrn, pad, pool, resize
+from .codegen import Flag
 from .indexing import (broadcast_index, is_float, offset, parameter, register_dtype, triton_dtype, unravel,
                        value_ok)
 
@@ -75,12 +78,19 @@ def _head(node: Node, graph: Graph, index: list[str | None], names: list[str], p
     return [*(lines or []), f"x_t = {load}"], "x_t"
 
 
-def _looked_up(graph: Graph, indices: Value, index: list[str | None], params: list[Value], note: str,
-               blocks: list[str], var: str, size: int) -> list[str]:
-    """Lines loading `var` from the gather indices at `index`, a negative one counted from the
-    end of a dim of `size`."""
-    return [f"{var} = {_load(graph, indices, index, params, note, blocks)}",
-            f"{var} = tl.where({var} < 0, {var} + {size}, {var})"]
+def looked_up(graph: Graph, node: Node, indices: Value, index: list[str | None], params: list[Any], note: str,
+              blocks: list[str], var: str, size: int) -> list[str]:
+    """Lines loading `var` from `node`'s indices at `index`, a negative one counted from the end
+    of a dim of `size`. One outside [-size, size) sets a codegen.Flag (the executor raises after
+    the run, as the NumPy backend does at once) and is read as 0, so that no load or store leaves
+    its buffer meanwhile."""
+    masked = "mask & " if any(i in blocks for i in index) else ""
+    lines = [f"{var} = {_load(graph, indices, index, params, note, blocks)}",
+             f"{var} = tl.where({var} < 0, {var} + {size}, {var})",
+             f"{var}_out = ({var} < 0) | ({var} >= {size})"]
+    flag = parameter(params, Flag(f"{where(node)}: {graph.value_name(indices)} ({note})", size))
+    return lines + [f"tl.store({flag} + 0 * {var}, tl.where({var}_out, 1, 0), mask={masked}{var}_out)",
+                    f"{var} = tl.where({var}_out, 0, {var})"]
 
 
 def transpose_head(graph: Graph, node: Node, names: list[str], params: list[Value]) -> tuple[list[str], str]:
@@ -113,7 +123,7 @@ def gather_head(graph: Graph, node: Node, names: list[str], params: list[Value])
     d_t, i_t = graph.type_of(data), graph.type_of(indices)
     axis = int(node.attrs.get("axis", 0)) % d_t.rank
     idx_names = names[axis:axis + i_t.rank]
-    lines = _looked_up(graph, indices, list(idx_names), params, "indices", names, "idx", int(d_t.shape[axis]))
+    lines = looked_up(graph, node, indices, list(idx_names), params, "indices", names, "idx", int(d_t.shape[axis]))
     index: list[str | None] = list(names[:axis]) + ["idx"] + list(names[axis + i_t.rank:])
     return _head(node, graph, index, names, params, lines, list(names) + (["idx"] if idx_names else []))
 
@@ -127,13 +137,13 @@ def gather_nd_head(graph: Graph, node: Node, names: list[str], params: list[Valu
     batch = int(node.attrs.get("batch_dims", 0))
     k = int(i_t.shape[-1])
     lead = names[:i_t.rank - 1]
-    lines, looked_up = [], []
+    lines, found = [], []
     for m in range(k):
-        lines += _looked_up(graph, indices, [*lead, str(m)], params, f"indices[..., {m}]", names, f"idx{m}",
-                            int(d_t.shape[batch + m]))
-        looked_up.append(f"idx{m}")
-    index: list[str | None] = [*names[:batch], *looked_up, *names[i_t.rank - 1:]]
-    return _head(node, graph, index, names, params, lines, list(names) + (looked_up if lead else []))
+        lines += looked_up(graph, node, indices, [*lead, str(m)], params, f"indices[..., {m}]", names, f"idx{m}",
+                           int(d_t.shape[batch + m]))
+        found.append(f"idx{m}")
+    index: list[str | None] = [*names[:batch], *found, *names[i_t.rank - 1:]]
+    return _head(node, graph, index, names, params, lines, list(names) + (found if lead else []))
 
 
 def gather_elements_head(graph: Graph, node: Node, names: list[str], params: list[Value]) -> tuple[list[str], str]:
@@ -143,7 +153,7 @@ def gather_elements_head(graph: Graph, node: Node, names: list[str], params: lis
     assert data is not None and indices is not None
     d_t = graph.type_of(data)
     axis = int(node.attrs.get("axis", 0)) % d_t.rank
-    lines = _looked_up(graph, indices, list(names), params, "indices", names, "idx", int(d_t.shape[axis]))
+    lines = looked_up(graph, node, indices, list(names), params, "indices", names, "idx", int(d_t.shape[axis]))
     return _head(node, graph, [*names[:axis], "idx", *names[axis + 1:]], names, params, lines, [*names, "idx"])
 
 

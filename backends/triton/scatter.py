@@ -4,9 +4,9 @@ combined by a reduction, at the positions the indices name.
 The copy is no kernel's work: the template's `prefill` names `data`, which the executor copies
 into the result buffer on the device before each launch (so a rerun, an autotuning one, starts
 afresh). The kernel then iterates the elements of `updates`, looks up each one's position in the
-result (negative indices counted from the end of their dim; one outside its dim writes nothing,
-where the NumPy backend raises) and applies it, by the first of these that the reduction and the
-dtype allow:
+result (negative indices counted from the end of their dim; one outside its dim writes nothing and
+sets the kernel's codegen.Flag, an error after the run as on the NumPy backend) and applies it,
+by the first of these that the reduction and the dtype allow:
 
 1. reduction none: a plain store. Repeated positions are undefined in ONNX; without them the
    result is the NumPy backend's.
@@ -31,7 +31,7 @@ from ...graph.types import TensorType, Value
 from .codegen import Table, jit_function
 from .elementwise import block_lines
 from .indexing import INTEGERS, NAN, is_float, offset, parameter, triton_dtype, value_ok
-from .layout_ops import _looked_up
+from .layout_ops import looked_up
 
 OPS = frozenset({"ScatterElements", "ScatterND"})
 
@@ -101,22 +101,20 @@ def _targets(graph: Graph, node: Node, names: list[str], params: list[Value | Ta
     assert data is not None and indices is not None
     d_t, i_t = graph.type_of(data), graph.type_of(indices)
     lines: list[str] = []
-    looked_up: list[str] = []
-    sizes: list[int] = []
+    found: list[str] = []
     if node.op == "ScatterElements":
         axis = int(node.attrs.get("axis", 0)) % d_t.rank
-        lines += _looked_up(graph, indices, list(names), params, "indices", names, "idx0", int(d_t.shape[axis]))
-        looked_up, sizes = ["idx0"], [int(d_t.shape[axis])]
+        lines += looked_up(graph, node, indices, list(names), params, "indices", names, "idx0", int(d_t.shape[axis]))
+        found = ["idx0"]
         index = [*names[:axis], "idx0", *names[axis + 1:]]
     else:
         k, lead = int(i_t.shape[-1]), names[:i_t.rank - 1]
         for m in range(k):
-            lines += _looked_up(graph, indices, [*lead, str(m)], params, f"indices[..., {m}]", names, f"idx{m}",
-                                int(d_t.shape[m]))
-            looked_up.append(f"idx{m}")
-            sizes.append(int(d_t.shape[m]))
-        index = [*looked_up, *names[i_t.rank - 1:]]
-    inside = " & ".join(["mask", *(f"({v} >= 0) & ({v} < {n})" for v, n in zip(looked_up, sizes))])
+            lines += looked_up(graph, node, indices, [*lead, str(m)], params, f"indices[..., {m}]", names, f"idx{m}",
+                               int(d_t.shape[m]))
+            found.append(f"idx{m}")
+        index = [*found, *names[i_t.rank - 1:]]
+    inside = " & ".join(["mask", *(f"({v}_out == 0)" for v in found)])
     return [*lines, f"inside = {inside}"], index
 
 

@@ -1,0 +1,91 @@
+"""An index out of range in a gather or a scatter is an error on a Triton device, as it is on
+the NumPy backend: the kernel reads or writes nothing outside a buffer, sets its flag, and the
+executor raises after the run, naming the node. In-range indices (negative ones included) set
+no flag, also when the executable runs again after an error."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tilefold.backends.numpy import NumpyExecutable
+from tilefold.backends.triton import TritonExecutable
+from tilefold.graph import Graph
+from tilefold.graph.errors import InputError
+from tilefold.graph.types import TensorType
+
+F32 = np.float32
+
+
+def _gather(kit, op: str, data_shape: tuple[int, ...], ids_shape: tuple[int, ...], attrs: dict) -> Graph:
+    """`op` of a random float table by int64 ids from a graph input, followed by a Relu in the
+    same kernel."""
+    g = Graph(op.lower())
+    table = np.random.default_rng(0).standard_normal(data_shape).astype(F32)
+    ids = g.add_input("ids", TensorType(ids_shape, np.int64))
+    picked = kit.add(g, op, [g.add_constant(table, name="table"), ids], attrs, name="lookup")
+    g.add_output(kit.add(g, "Relu", [picked]), "y")
+    return g
+
+
+GATHERS = [
+    ("Gather", (7, 3), (2, 5), {"axis": 0}, 7),
+    ("GatherElements", (4, 6), (4, 6), {"axis": 1}, 6),
+    ("GatherND", (5, 4, 3), (6, 1), {}, 5),
+]
+
+
+@pytest.mark.parametrize("op, data_shape, ids_shape, attrs, extent", GATHERS)
+@pytest.mark.parametrize("bad", ["past the end", "before the start"])
+def test_a_gather_index_out_of_range_is_an_error_naming_the_node(kit, device, op, data_shape, ids_shape, attrs,
+                                                                  extent, bad):
+    rng = np.random.default_rng(1)
+    g = _gather(kit, op, data_shape, ids_shape, attrs)
+    ids = rng.integers(-extent, extent, ids_shape)
+    exe = TritonExecutable(g, device=device)
+    np.testing.assert_array_equal(exe({"ids": ids})["y"], NumpyExecutable(g)({"ids": ids})["y"])
+
+    wrong = ids.copy()
+    wrong.flat[rng.integers(wrong.size)] = extent + 3 if bad == "past the end" else -extent - 1
+    with pytest.raises(InputError, match=rf"node 'lookup' \(op {op}\).*out of range \[-{extent}, {extent - 1}\]"):
+        exe({"ids": wrong})
+    with pytest.raises(Exception, match="lookup"):
+        NumpyExecutable(g)({"ids": wrong})
+    np.testing.assert_array_equal(exe({"ids": ids})["y"], NumpyExecutable(g)({"ids": ids})["y"])
+
+
+@pytest.mark.parametrize("op, reduction", [("ScatterElements", "none"), ("ScatterElements", "add"),
+                                           ("ScatterND", "none"), ("ScatterND", "max")])
+def test_a_scatter_index_out_of_range_is_an_error_and_writes_nothing_outside(kit, device, op, reduction):
+    rng = np.random.default_rng(2)
+    data = rng.standard_normal((6, 5)).astype(F32)
+    ids_shape, extent = ((3, 5), 6) if op == "ScatterElements" else ((4, 1), 6)
+    updates = rng.standard_normal(ids_shape if op == "ScatterElements" else (4, 5)).astype(F32)
+    g = Graph("scatter")
+    ids = g.add_input("ids", TensorType(ids_shape, np.int64))
+    attrs = {"reduction": reduction, **({"axis": 0} if op == "ScatterElements" else {})}
+    out = kit.add(g, op, [g.add_constant(data, name="data"), ids, g.add_constant(updates, name="updates")], attrs,
+                  name="scatter")
+    g.add_output(out, "y")
+    good = np.stack([rng.permutation(extent)[:ids_shape[0]] for _ in range(ids_shape[1])], 1) - extent // 2
+    exe = TritonExecutable(g, device=device)
+    np.testing.assert_allclose(exe({"ids": good})["y"], NumpyExecutable(g)({"ids": good})["y"], rtol=1e-6)
+
+    wrong = good.copy()
+    wrong[-1, 0] = extent
+    with pytest.raises(InputError, match=rf"node 'scatter' \(op {op}\).*out of range \[-{extent}, {extent - 1}\]"):
+        exe({"ids": wrong})
+    with pytest.raises(InputError, match="node 'scatter'"):
+        NumpyExecutable(g)({"ids": wrong})
+
+
+def test_lookups_with_constant_in_range_indices_still_run_in_one_kernel(kit, device):
+    """The flag is a kernel operand, not a graph value: the Gather and its Relu stay one kernel,
+    and nothing falls back to the NumPy backend."""
+    from tilefold.backends.triton.executor import kernel_sources
+
+    g = _gather(kit, "Gather", (7, 3), (2, 5), {"axis": 0})
+    ids = np.random.default_rng(3).integers(-7, 7, (2, 5))
+    got, want = kit.run_both(g, {"ids": ids}, device)
+    np.testing.assert_array_equal(got["y"], want["y"])
+    (names, source), = kernel_sources(g)
+    assert names[0] == "lookup" and "tl.store(in" in source
