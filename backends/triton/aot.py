@@ -12,8 +12,8 @@ from .executor import plan_group
 from .launch import kernel_groups
 from .templates import TEMPLATES
 
-POINTER_TYPES = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16", "bool": "*i1", "int64": "*i64",
-                 "int32": "*i32"}
+POINTER_TYPES = {"float32": "*fp32", "float16": "*fp16", "bfloat16": "*bf16", "float64": "*fp64", "bool": "*i1",
+                 **{f"{sign}int{bits}": f"*{sign[:1] or 'i'}{bits}" for sign in ("", "u") for bits in (8, 16, 32, 64)}}
 
 
 def compile_for_cuda(graph: Graph, capability: int) -> int:
@@ -30,8 +30,9 @@ def compile_for_cuda(graph: Graph, capability: int) -> int:
         plan = plan_group(graph, group)
         fn = codegen.build(plan.source, plan.name, "cuda")
         consts = plan.constexprs(plan.config)
-        dtypes = [p.array.dtype.name if isinstance(p, codegen.Table) else
-                  "int32" if isinstance(p, codegen.Flag) else graph.type_of(p).dtype.name for p in plan.params] + [graph.type_of(v).dtype.name for v in plan.outputs]
+        dtypes = [p.array.dtype.name if isinstance(p, codegen.Table) else "int32" if isinstance(p, codegen.Flag)
+                  else graph.type_of(p).dtype.name for p in plan.params]
+        dtypes += [graph.type_of(v).dtype.name for v in plan.outputs]
         pointers = [name for name in fn.arg_names if name not in consts]
         signature = {name: POINTER_TYPES[dtype] for name, dtype in zip(pointers, dtypes)}
         signature.update({name: "constexpr" for name in consts})

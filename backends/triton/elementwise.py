@@ -5,7 +5,8 @@ op on argument expressions (None when this variant is not supported: the node th
 the NumPy backend); math Triton has no operation for (atan, an exact fmod, rint, ...) is a call
 of a libm.py helper. Float values are computed in float32 whatever their storage dtype
 (float16 and bfloat16 are loaded and widened, and narrowed when stored); Cast rounds through
-its type. int32 and int64 values stay in their type, through the ops of INTEGER_OPS.
+its type. Integer values (signed and unsigned, 8 to 64 bits) stay in their type, through the
+ops of INTEGER_OPS; arithmetic wraps as NumPy's does.
 
 A chain is a run of elementwise nodes whose intermediate results are read only by the next
 node in the run; it iterates the logical elements of its result, reads every operand through
@@ -109,19 +110,30 @@ def _bit_shift(a: list[str], node: Node, consts: list[Any]) -> str | None:
     sign fill shifting right."""
     if len(a) != 2:
         return None
-    width = 8 * node.outputs[0].dtype.itemsize
+    out = node.outputs[0].dtype
+    width = 8 * out.itemsize
     x, y = a
     inside = f"(({y} >= 0) & ({y} < {width}))"
     if node.attrs.get("direction") == "LEFT":
         return f"tl.where({inside}, {x} << {y}, 0)"
-    return f"tl.where({inside}, {x} >> {y}, {x} >> {width - 1})"
+    fill = "0" if out.kind == "u" else f"{x} >> {width - 1}"
+    return f"tl.where({inside}, {x} >> {y}, {fill})"
+
+
+def _bitwise_not(a: list[str], node: Node, consts: list[Any]) -> str:
+    """~x, as x ^ (every bit set): the interpreter computes ~ as x ^ -1, which an unsigned
+    type cannot hold."""
+    out = node.outputs[0].dtype
+    return f"({a[0]} ^ {2 ** (8 * out.itemsize) - 1})" if out.kind == "u" else f"(~{a[0]})"
 
 
 def _variadic(fn: str, extra: str = "") -> Expr:
+    """fn folded over the arguments, `extra` (NaN propagation) passed for float results only."""
     def expr(a: list[str], node: Node, consts: list[Any]) -> str:
+        tail = "" if is_integer(node.outputs[0]) else extra
         out = a[0]
         for x in a[1:]:
-            out = f"{fn}({out}, {x}{extra})"
+            out = f"{fn}({out}, {x}{tail})"
         return out
 
     return expr
@@ -186,7 +198,7 @@ OPS: dict[str, Expr] = {
     "BitwiseAnd": _binary("({0} & {1})"),
     "BitwiseOr": _binary("({0} | {1})"),
     "BitwiseXor": _binary("({0} ^ {1})"),
-    "BitwiseNot": _unary("(~{0})"),
+    "BitwiseNot": _bitwise_not,
     "BitShift": _bit_shift,
 }
 """Op -> Triton expression; Pack, Unpack, Identity and Cast come from layout_ops.py, whose
@@ -246,9 +258,9 @@ def operand_dims(node: Node, slot: int, rank: int) -> tuple[int, ...] | None:
     return (1,) if slot in PER_CHANNEL.get(node.op, ()) and rank >= 2 else None
 
 
-INTEGER_OPS = frozenset({"Add", "Sub", "Mul", "Sum", "Neg", "Abs", "Clip", "Where", "Equal", "Less", "LessOrEqual",
-                         "Greater", "GreaterOrEqual", "Mod", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot",
-                         "BitShift", "CastLike", *COPIES})
+INTEGER_OPS = frozenset({"Add", "Sub", "Mul", "Sum", "Neg", "Abs", "Clip", "Max", "Min", "Where", "Equal", "Less",
+                         "LessOrEqual", "Greater", "GreaterOrEqual", "Mod", "BitwiseAnd", "BitwiseOr", "BitwiseXor",
+                         "BitwiseNot", "BitShift", "CastLike", *COPIES})
 """Ops whose expressions compute integers in their own type (no float literal in them): the
 arithmetic on ids and positions that models do before their embeddings, remainders and bits."""
 

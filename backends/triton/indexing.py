@@ -108,7 +108,8 @@ def triton_dtype(dtype: np.dtype | str) -> str:
     """The `tl.` name of a numpy dtype."""
     name = np.dtype(dtype).name if not isinstance(dtype, str) or dtype != "bfloat16" else "bfloat16"
     table = {"float32": "tl.float32", "float16": "tl.float16", "bfloat16": "tl.bfloat16", "float64": "tl.float64",
-             "int64": "tl.int64", "int32": "tl.int32", "int8": "tl.int8", "uint8": "tl.uint8", "bool": "tl.int1"}
+             "int64": "tl.int64", "int32": "tl.int32", "int16": "tl.int16", "int8": "tl.int8", "uint64": "tl.uint64",
+             "uint32": "tl.uint32", "uint16": "tl.uint16", "uint8": "tl.uint8", "bool": "tl.int1"}
     return table[name]
 
 
@@ -139,8 +140,8 @@ def is_float(t: TensorType | None) -> bool:
     return t is not None and t.dtype.name in FLOATS
 
 
-INTEGERS = frozenset({"int32", "int64"})
-"""Integer dtypes kernels compute in (ids, positions, masks made of them), in their own type."""
+INTEGERS = frozenset({"int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"})
+"""Integer dtypes kernels compute in (ids, positions, masks made of them; image bytes), in their own type."""
 
 
 def is_integer(t: TensorType | None) -> bool:

@@ -33,8 +33,8 @@ from ...graph.ops.tensor import transpose_perm
 from ...graph.types import Value
 from . import lrn, pad, pool, resize
 from .codegen import Flag
-from .indexing import (broadcast_index, is_float, offset, parameter, register_dtype, triton_dtype, unravel,
-                       value_ok)
+from .indexing import (broadcast_index, is_float, is_integer, offset, parameter, register_dtype, triton_dtype,
+                       unravel, value_ok)
 
 
 def _copy(args: list[str], node: Node, consts: list[Any]) -> str:
@@ -44,10 +44,11 @@ def _copy(args: list[str], node: Node, consts: list[Any]) -> str:
 def _cast(args: list[str], node: Node, consts: list[Any]) -> str:
     """Float values in a chain are float32 (rounded through a narrower result dtype), bools
     int1, integers their own type."""
-    name = triton_dtype(node.outputs[0].dtype)
+    out = node.outputs[0]
+    name = triton_dtype(out.dtype)
     if name == "tl.int1":
         return f"({args[0]} != 0)"
-    if name in ("tl.float32", "tl.int32", "tl.int64"):
+    if name == "tl.float32" or is_integer(out):
         return f"{args[0]}.to({name})"
     return f"{args[0]}.to({name}).to(tl.float32)"
 

@@ -13,7 +13,7 @@ integers, masked-off lanes holding the reduction's neutral element (BOOL_NEUTRAL
 max or min and stored as bool.
 
 CumSum, ArgMax and ArgMin walk the row in scan order (reversed for `reverse` and
-`select_last_index`), on float rows and on int32/int64 ones in their own type (the position
+`select_last_index`), on float rows and on integer ones in their own type (the position
 ids and end-of-text tokens that text models compute from their inputs): CumSum is a
 `tl.cumsum` of the row (shifted by one for `exclusive`); ArgMax/ArgMin take the first index
 in scan order holding the row's extreme, or its first NaN, as NumPy does.
@@ -21,13 +21,13 @@ in scan order holding the row's extreme, or its first NaN, as NumPy does.
 TopK (a constant K, `largest` 0 or 1; `sorted` 0 is given sorted, which ONNX allows) sorts
 the row with `tl.sort` on unique int64 keys: the value mapped to an order-preserving integer
 (float32 bits flipped by sign, -0.0 made 0.0 and every NaN the largest key, as NumPy's
-argsort puts NaN after +inf; int32 as is; negated as `-1 - v` for `largest`), times BLOCK,
+argsort puts NaN after +inf; an integer narrower than 64 bits as is; negated as `-1 - v` for `largest`), times BLOCK,
 plus the index, so that equal values keep the lower index first and padded lanes (the
 largest int64) sort last. An int64 row is sorted twice, least significant half first (a
 radix sort of two digits): by (low 32 bits, index), then by (high 32 bits, rank in the first
 pass) with the index carried in the low bits. The first K indices are stored and the values
 are read back from the operand at them, so they are its own bits (-0.0 and NaN payloads
-kept). Rows up to TOPK_MAX_BLOCK; longer ones run on the NumPy backend.
+kept). Rows up to TOPK_MAX_BLOCK; longer ones, and uint64 ones, run on the NumPy backend.
 """
 from __future__ import annotations
 
@@ -113,11 +113,12 @@ def topk_k(graph: Graph, node: Node) -> int | None:
 
 
 def _supports_topk(graph: Graph, node: Node, x: TensorType) -> bool:
-    """A static float, int32 or int64 row of 1..TOPK_MAX_BLOCK elements, a constant K in
+    """A static float or integer (not uint64) row of 1..TOPK_MAX_BLOCK elements, a constant K in
     1..row length, `largest` 0 or 1, static results of the operand's dtype and int64."""
     values, order = node.outputs[0], node.outputs[1] if len(node.outputs) > 1 else None
-    if not (is_float(x) or is_integer(x)) or order is None or values.dtype != x.dtype or order.dtype != np.int64:
-        return False
+    if not (is_float(x) or is_integer(x)) or x.dtype == np.uint64 or order is None or values.dtype != x.dtype \
+            or order.dtype != np.int64:
+        return False  # a uint64 value takes all 64 bits of a key
     if not (values.is_static and order.is_static) or any(int(d) == 0 for d in x.shape):
         return False
     if int(node.attrs.get("largest", 1)) not in (0, 1):
@@ -241,7 +242,7 @@ def _topk(graph: Graph, node: Node, x_t: TensorType, names: list[str], axis: int
                       "v = tl.where(bits < 0, bits ^ 2147483647, bits)",
                       "v = tl.where(x != x, 2147483647, v)"]  # every NaN after +inf, as in NumPy
         else:
-            lines.append("v = x")
+            lines.append("v = x.to(tl.int64)")  # every narrower integer, unsigned ones too, fits
         if largest:
             lines.append("v = -1 - v")
         lines.append(f"key = tl.sort(tl.where(mask, v.to(tl.int64) * BLOCK + s, {_INT64_MAX}))")

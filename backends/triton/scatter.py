@@ -30,10 +30,11 @@ from ...graph.graph import Graph, Node
 from ...graph.types import TensorType, Value
 from .codegen import Table, jit_function
 from .elementwise import block_lines
-from .indexing import INTEGERS, NAN, is_float, offset, parameter, triton_dtype, value_ok
+from .indexing import NAN, is_float, offset, parameter, triton_dtype, value_ok
 from .layout_ops import looked_up
 
 OPS = frozenset({"ScatterElements", "ScatterND"})
+INDICES = frozenset({"int32", "int64"})
 
 ATOMICS: dict[tuple[str, str], str] = {
     **{("add", dtype): "tl.atomic_add" for dtype in ("float32", "float16", "int32", "int64")},
@@ -70,10 +71,12 @@ def supports(graph: Graph, node: Node) -> bool:
     out = node.outputs[0]
     reduction = node.attrs.get("reduction", "none")
     if not (value_ok(data) and value_ok(updates) and value_ok(out) and indices.is_static
-            and indices.dtype.name in INTEGERS and data == out and updates.dtype == data.dtype):
+            and indices.dtype.name in INDICES and data == out and updates.dtype == data.dtype):
         return False
-    if reduction not in ("none", *COMBINE) or (data.dtype == np.bool_ and reduction != "none"):
+    if reduction not in ("none", *COMBINE):
         return False
+    if reduction != "none" and not (is_float(data) or data.dtype.name in INDICES):
+        return False  # bool data; the narrower and unsigned integers have neither atomics nor checked swaps here
     if node.op == "ScatterElements":
         axis = int(node.attrs.get("axis", 0)) % data.rank
         return indices.shape == updates.shape and indices.rank == data.rank and all(

@@ -1,10 +1,11 @@
 """Every template compiles for a GPU without one: Triton's full pipeline (TTIR, TTGIR, LLVM IR,
 PTX, cubin through the bundled ptxas) for sm_90 and sm_80, from the generated sources of
-small models and of the dtype and op variants (bool and integer chains, float16, pools, gathers (GatherND too), resizes,
-splits into several results, pads in every mode, bool reductions, scans, the float64 helpers of
-libm.py, remainders, bits and products, OneHot, TopK of every dtype it takes, and scatters by
-store, by atomics and by compare-and-swap on 16- and 32-bit words). This catches what the interpreter accepts and the
-compiler does not."""
+small models and of the dtype and op variants (bool and integer chains, the narrow and
+unsigned integers, float16, pools, gathers (GatherND too), resizes, splits into several
+results, pads in every mode, bool reductions, scans, the float64 helpers of libm.py,
+remainders, bits and products, OneHot, TopK of every dtype it takes, and scatters by store,
+by atomics and by compare-and-swap on 16- and 32-bit words). This catches what the
+interpreter accepts and the compiler does not."""
 from __future__ import annotations
 
 import numpy as np
@@ -183,10 +184,32 @@ def _bfloat16_scatters(kit) -> Graph:
     return g
 
 
+def _small_integers(kit) -> Graph:
+    """Chains of the narrow and unsigned integers (wrapping arithmetic, Max, bitwise not as an
+    XOR with every bit set, remainders, shifts with their fills, casts), gathers of their tables, and their
+    TopK and CumSum rows."""
+    g = Graph("small_integers")
+    ids = g.add_input("ids", TensorType((4,), np.int64))
+    for dtype in (np.int8, np.uint8, np.int16, np.uint16, np.uint32, np.uint64):
+        name = np.dtype(dtype).name
+        a = g.add_input(name, TensorType((3, 5), dtype))
+        mixed = kit.add(g, "Max", [kit.add(g, "Mul", [a, a]), kit.add(g, "BitwiseNot", [a])])
+        shifted = kit.add(g, "BitShift", [kit.add(g, "Mod", [mixed, a]), a], {"direction": "RIGHT"})
+        g.add_output(kit.add(g, "Cast", [shifted], {"to": 1}), f"{name}_chain")
+        table = g.add_constant(np.arange(12, dtype=dtype).reshape(6, 2), name=f"{name}_table")
+        g.add_output(kit.add(g, "Gather", [table, ids], {"axis": 0}), f"{name}_rows")
+        g.add_output(kit.add(g, "CumSum", [a, g.add_constant(np.array(1, np.int64), name=f"{name}_axis")]),
+                     f"{name}_cumsum")
+        if dtype != np.uint64:
+            top = kit.add(g, "TopK", [a, g.add_constant(np.array([2], np.int64), name=f"{name}_k")])
+            g.add_output(top, f"{name}_top")
+    return g
+
+
 @pytest.mark.parametrize("capability", [90, 80])
 def test_generated_kernels_compile_for_the_gpu(kit, capability):
     pytest.importorskip("triton.backends.nvidia")
-    graphs = [_variants(kit), _bfloat16_scatters(kit)]
+    graphs = [_variants(kit), _bfloat16_scatters(kit), _small_integers(kit)]
     for model in (mlp_model(batch=5, sizes=(20, 33, 7)), mlp_model(batch=3, sizes=(18, 40, 6), gemm=True),
                   kit.small_cnn(), kit.tiny_transformer()):
         plain = tilefold.load(model)

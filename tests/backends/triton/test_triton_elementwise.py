@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from onnx.helper import np_dtype_to_tensor_dtype
 
 from tilefold.backends.triton import TritonExecutable, kernel_sources
 from tilefold.graph import Graph
@@ -309,6 +310,47 @@ def test_integer_chains_compute_ids_exactly_in_their_own_type(kit, device):
     assert got["int32"].dtype == np.int32
     np.testing.assert_array_equal(got["rows"], table[want_positions])
     np.testing.assert_array_equal(got["clipped"], np.clip(np.concatenate([ids, want_positions], 1), 2, 6))
+
+
+SMALL_INTEGERS = [np.int8, np.uint8, np.int16, np.uint16, np.uint32, np.uint64]
+
+
+@pytest.mark.parametrize("dtype", SMALL_INTEGERS)
+def test_narrow_and_unsigned_integer_chains_wrap_as_numpy_does(kit, device, dtype):
+    """Products and sums that overflow the type, Max/Min, comparisons and selects, bitwise
+    not, shifts past the width (0, or the sign for a signed right shift), casts that wrap
+    (int64 -> dtype) and widen (dtype -> float32), and a gather of a table of dtype: one
+    kernel each, nothing on the host, equal to the NumPy backend bit for bit."""
+    info = np.iinfo(dtype)
+    rng = np.random.default_rng(15)
+    a, b = (rng.integers(info.min, info.max, (3, 5), dtype=dtype, endpoint=True) for _ in range(2))
+    wide = rng.integers(-2**40, 2**40, (3, 5))
+    shifts = rng.integers(0, 8 * np.dtype(dtype).itemsize + 4, (3, 5)).astype(dtype)
+    g = Graph("small_ints")
+    av, bv = (g.add_input(n, TensorType(v.shape, dtype)) for n, v in (("a", a), ("b", b)))
+    sv = g.add_input("s", TensorType(shifts.shape, dtype))
+    wv = g.add_input("wide", TensorType(wide.shape, np.int64))
+    three = g.add_constant(Splat(3, (), dtype), name="three")
+    g.add_output(kit.add(g, "Add", [kit.add(g, "Mul", [av, bv]), three]), "mul_add")
+    g.add_output(kit.add(g, "Sub", [kit.add(g, "Max", [av, bv]), kit.add(g, "Min", [av, bv])]), "spread")
+    g.add_output(kit.add(g, "Where", [kit.add(g, "Greater", [av, bv]), av, three]), "select")
+    g.add_output(kit.add(g, "BitwiseNot", [av]), "not")
+    for direction in ("LEFT", "RIGHT"):
+        g.add_output(kit.add(g, "BitShift", [av, sv], {"direction": direction}), direction.lower())
+    g.add_output(kit.add(g, "Cast", [wv], {"to": np_dtype_to_tensor_dtype(np.dtype(dtype))}), "narrowed")
+    g.add_output(kit.add(g, "Cast", [av], {"to": np_dtype_to_tensor_dtype(np.dtype(F32))}), "widened")
+    table = g.add_constant(rng.integers(info.min, info.max, (9, 2), dtype=dtype, endpoint=True), name="table")
+    picks = g.add_constant(rng.integers(-9, 9, (4,)), name="picks")
+    g.add_output(kit.add(g, "Gather", [table, picks], {"axis": 0}), "rows")
+    feeds = {"a": a, "b": b, "s": shifts, "wide": wide}
+    got, want = kit.run_both(g, feeds, device)
+    for name in want:
+        assert got[name].dtype == want[name].dtype, name
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(got["mul_add"], a * b + dtype(3))
+    np.testing.assert_array_equal(got["narrowed"], wide.astype(dtype))
+    np.testing.assert_array_equal(got["not"], ~a)
 
 
 def test_integer_ops_without_an_exact_expression_stay_on_the_numpy_backend(kit, device):
@@ -645,9 +687,9 @@ def test_integer_mod_has_the_divisors_or_the_dividends_sign(kit, device, dtype, 
 
 
 def test_mod_passes_the_conformance_cases(kit, device):
-    """The float32, float16, int32 and int64 cases tilefold reads (fmod=1 on floats; both on
+    """The float32, float16 and integer cases tilefold reads (fmod=1 on floats; both on
     integers), then the float cases with fmod=0 that only opset 28 defines, built by hand."""
-    kept = (F32, np.float16, np.int32, np.int64)
+    kept = (F32, np.float16, np.int32, np.int64, *SMALL_INTEGERS)
     kit.check_conformance("Mod", device, keep=lambda case: kit.first_input(case).dtype in kept
                           and "fmod_0" not in case.name, least=6)
     kit.check_conformance("Mod", device, keep=lambda case: kit.first_input(case).dtype in kept
@@ -677,7 +719,8 @@ def test_bitwise_ops_keep_every_bit_of_the_integer_type(kit, device, dtype):
 
 @pytest.mark.parametrize("op", ["BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot"])
 def test_bitwise_ops_pass_the_conformance_cases(kit, device, op):
-    kit.check_conformance(op, device, keep=lambda case: kit.first_input(case).dtype in (np.int32, np.int64))
+    """Every case: signed and unsigned integers of 8 to 64 bits."""
+    kit.check_conformance(op, device, keep=lambda case: kit.first_input(case).dtype.kind in "iu", least=2)
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.int64])
@@ -701,11 +744,18 @@ def test_bit_shift_by_any_amount(kit, device, dtype, direction):
     np.testing.assert_array_equal(got["z"], want["z"])
 
 
-def test_bit_shift_passes_the_conformance_cases_on_int32_and_int64(kit, device):
-    """Only opset 28 defines BitShift on signed integers (shifts past the width, negative
-    shifts, negative values): those cases, built by hand."""
-    kit.check_conformance("BitShift", device, keep=lambda case: kit.first_input(case).dtype in (np.int32, np.int64),
-                          least=10, by_hand=True)
+def test_bit_shift_passes_the_conformance_cases(kit, device):
+    """The unsigned cases tilefold reads; then the signed ones (shifts past the width, negative
+    shifts, negative values), which only opset 28 defines: built by hand."""
+    kit.check_conformance("BitShift", device, keep=lambda case: kit.first_input(case).dtype.kind == "u", least=8)
+    kit.check_conformance("BitShift", device, keep=lambda case: kit.first_input(case).dtype.kind == "i",
+                          least=20, by_hand=True)
+
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Max", "Min", "Clip", "Equal", "Less", "LessOrEqual", "Greater",
+                                "GreaterOrEqual"])
+def test_narrow_and_unsigned_integer_conformance_cases(kit, device, op):
+    kit.check_conformance(op, device, keep=lambda case: kit.first_input(case).dtype in SMALL_INTEGERS)
 
 
 def test_cast_like_takes_only_the_dtype_of_its_second_operand(kit, device):

@@ -227,16 +227,21 @@ def _cumsum(x: np.ndarray, axis: int, exclusive: bool, reverse: bool) -> np.ndar
     return np.moveaxis(out, 0, axis)
 
 
-@pytest.mark.parametrize("dtype", [np.int64, np.int32, F32])
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, F32, np.int8, np.uint16])
 @pytest.mark.parametrize("exclusive", [0, 1])
 @pytest.mark.parametrize("reverse", [0, 1])
 @pytest.mark.parametrize("axis", [1, -1])
 def test_cumsum_along_a_row_in_every_direction(kit, device, dtype, exclusive, reverse, axis):
     """Position ids (a cumulative count of real tokens) in int64 and int32, exactly, with values
-    past float32's 2**24; float rows within rounding of a sequential sum."""
+    past float32's 2**24; float rows within rounding of a sequential sum; int8 and uint16 sums
+    that wrap, as NumPy's do."""
     rng = np.random.default_rng(20)
-    x = rng.integers(-2**30, 2**30, (2, 9, 13)).astype(dtype) if dtype != F32 else \
-        rng.standard_normal((2, 9, 13)).astype(F32)
+    if dtype == F32:
+        x = rng.standard_normal((2, 9, 13)).astype(F32)
+    elif np.dtype(dtype).itemsize < 4:
+        x = rng.integers(np.iinfo(dtype).min, np.iinfo(dtype).max, (2, 9, 13), dtype=dtype, endpoint=True)
+    else:
+        x = rng.integers(-2**30, 2**30, (2, 9, 13)).astype(dtype)
     if dtype == np.int32:
         x //= 64  # sums of 13 stay inside int32
     g = Graph("cumsum")
@@ -255,7 +260,7 @@ def test_cumsum_along_a_row_in_every_direction(kit, device, dtype, exclusive, re
 @pytest.mark.parametrize("op", ["ArgMax", "ArgMin"])
 @pytest.mark.parametrize("axis,keepdims", [(1, 1), (-1, 0)])
 @pytest.mark.parametrize("last", [0, 1])
-@pytest.mark.parametrize("dtype", [F32, np.int32, np.int64])
+@pytest.mark.parametrize("dtype", [F32, np.int32, np.int64, np.uint8, np.int16])
 def test_arg_extremes_take_the_first_or_last_tie_and_the_first_nan(kit, device, op, axis, keepdims, last, dtype):
     """Rows of few distinct values (ties everywhere); float rows with a NaN, whose index is
     the answer (NumPy's rule; with select_last_index, the last NaN)."""

@@ -170,8 +170,8 @@ def test_sizes_known_only_at_run_time_stay_on_the_numpy_backend(device):
 
 
 def test_int64_operands_split_exactly_and_others_stay_on_the_numpy_backend(device):
-    """int64 ids beyond float32's 2**24 are copied exactly; uint8 and symbolic operands stay
-    on the NumPy backend."""
+    """int64 ids beyond float32's 2**24 and uint8 pixels are copied exactly; float64 and
+    symbolic operands stay on the NumPy backend."""
     rng = np.random.default_rng(11)
     ids = rng.integers(-50, 50, (3, 4)) + 2**40
     g = Graph("ints")
@@ -182,15 +182,16 @@ def test_int64_operands_split_exactly_and_others_stay_on_the_numpy_backend(devic
     exe = TritonExecutable(g, device=device)
     _exact(exe({"ids": ids}), {"low": ids[:, :1], "high": ids[:, 1:]})
     assert exe.fallback_nodes == []
-    pixels = ids.astype(np.uint8)
-    g = Graph("bytes")
-    low, high = _split(g, g.add_input("pixels", TensorType(pixels.shape, np.uint8)), {"axis": 1}, [1, 3])
-    g.add_output(low, "low")
-    g.add_output(high, "high")
-    assert not supports(g, g.node("split"))
-    exe = TritonExecutable(g, device=device)
-    _exact(exe({"pixels": pixels}), {"low": pixels[:, :1], "high": pixels[:, 1:]})
-    assert exe.fallback_nodes == ["split"]
+    for dtype, runs in ((np.uint8, True), (np.float64, False)):
+        pixels = rng.integers(0, 256, ids.shape).astype(dtype) + (rng.random(ids.shape) if dtype == np.float64 else 0)
+        g = Graph("pixels")
+        low, high = _split(g, g.add_input("pixels", TensorType(pixels.shape, dtype)), {"axis": 1}, [1, 3])
+        g.add_output(low, "low")
+        g.add_output(high, "high")
+        assert supports(g, g.node("split")) == runs
+        exe = TritonExecutable(g, device=device)
+        _exact(exe({"pixels": pixels}), {"low": pixels[:, :1], "high": pixels[:, 1:]})
+        assert exe.fallback_nodes == ([] if runs else ["split"])
     g = Graph("symbolic")
     _split(g, g.add_input("x", TensorType(("n", 4), F32)), {"axis": 1}, [2, 2])
     assert not supports(g, g.node("split"))

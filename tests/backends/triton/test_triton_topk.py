@@ -85,6 +85,20 @@ def test_conformance_cases(kit, device):
     assert ran >= 6
 
 
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int16, np.uint32])
+@pytest.mark.parametrize("largest", [0, 1])
+def test_rows_of_narrow_and_unsigned_integers(kit, device, dtype, largest):
+    """Keys widened to int64 before negation: an unsigned value's `-1 - v` does not wrap."""
+    info = np.iinfo(dtype)
+    x = np.random.default_rng(5).integers(info.min, info.max, (3, 37), dtype=dtype, endpoint=True)
+    x[:, ::7] = info.max  # ties at the type's extremes
+    x[:, 3::9] = info.min
+    got, _ = _run(kit, _topk_graph(kit, x.shape, dtype, 6, -1, largest), x, device)
+    values, order = _stable_topk(x, 6, -1, largest)
+    np.testing.assert_array_equal(got["indices"], order)
+    np.testing.assert_array_equal(got["values"], values)
+
+
 @pytest.mark.parametrize("length", [1, 7, 33, 100])
 @pytest.mark.parametrize("axis", [0, 1, -1])
 @pytest.mark.parametrize("largest", [0, 1])
