@@ -120,6 +120,21 @@ def _bit_shift(a: list[str], node: Node, consts: list[Any]) -> str | None:
     return f"tl.where({inside}, {x} >> {y}, {fill})"
 
 
+def _div(a: list[str], node: Node, consts: list[Any]) -> str | None:
+    """a / b; for integers ONNX's quotient rounded toward zero (Triton's `//`, C's), with the
+    NumPy backend's answers where the GPU's are undefined: 0 for b = 0, and -a (which wraps)
+    for b = -1, the most negative a over -1 included."""
+    if len(a) != 2:
+        return None
+    x, y = a
+    out = node.outputs[0].dtype
+    if out.kind == "u":
+        return f"tl.where({y} == 0, 0, {x} // tl.where({y} == 0, 1, {y}))"
+    if out.kind == "i":
+        return f"tl.where({y} == 0, 0, tl.where({y} == -1, -{x}, {x} // tl.where(({y} == 0) | ({y} == -1), 1, {y})))"
+    return f"{x} / {y}"
+
+
 def _bitwise_not(a: list[str], node: Node, consts: list[Any]) -> str:
     """~x, as x ^ (every bit set): the interpreter computes ~ as x ^ -1, which an unsigned
     type cannot hold."""
@@ -184,7 +199,7 @@ OPS: dict[str, Expr] = {
     "Add": _binary("{0} + {1}"),
     "Sub": _binary("{0} - {1}"),
     "Mul": _binary("{0} * {1}"),
-    "Div": _binary("{0} / {1}"),
+    "Div": _div,
     "Mod": _mod,
     "Pow": _pow,
     "Max": _variadic("tl.maximum", NAN),
@@ -258,7 +273,7 @@ def operand_dims(node: Node, slot: int, rank: int) -> tuple[int, ...] | None:
     return (1,) if slot in PER_CHANNEL.get(node.op, ()) and rank >= 2 else None
 
 
-INTEGER_OPS = frozenset({"Add", "Sub", "Mul", "Sum", "Neg", "Abs", "Clip", "Max", "Min", "Where", "Equal", "Less",
+INTEGER_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Sum", "Neg", "Abs", "Clip", "Max", "Min", "Where", "Equal", "Less",
                          "LessOrEqual", "Greater", "GreaterOrEqual", "Mod", "BitwiseAnd", "BitwiseOr", "BitwiseXor",
                          "BitwiseNot", "BitShift", "CastLike", *COPIES})
 """Ops whose expressions compute integers in their own type (no float literal in them): the

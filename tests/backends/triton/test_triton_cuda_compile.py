@@ -186,7 +186,7 @@ def _bfloat16_scatters(kit) -> Graph:
 
 def _small_integers(kit) -> Graph:
     """Chains of the narrow and unsigned integers (wrapping arithmetic, Max, bitwise not as an
-    XOR with every bit set, remainders, shifts with their fills, casts), gathers of their tables, and their
+    XOR with every bit set, quotients and remainders, shifts with their fills, casts), gathers of their tables, and their
     TopK and CumSum rows."""
     g = Graph("small_integers")
     ids = g.add_input("ids", TensorType((4,), np.int64))
@@ -194,7 +194,8 @@ def _small_integers(kit) -> Graph:
         name = np.dtype(dtype).name
         a = g.add_input(name, TensorType((3, 5), dtype))
         mixed = kit.add(g, "Max", [kit.add(g, "Mul", [a, a]), kit.add(g, "BitwiseNot", [a])])
-        shifted = kit.add(g, "BitShift", [kit.add(g, "Mod", [mixed, a]), a], {"direction": "RIGHT"})
+        remainder = kit.add(g, "Mod", [kit.add(g, "Div", [mixed, a]), a])
+        shifted = kit.add(g, "BitShift", [remainder, a], {"direction": "RIGHT"})
         g.add_output(kit.add(g, "Cast", [shifted], {"to": 1}), f"{name}_chain")
         table = g.add_constant(np.arange(12, dtype=dtype).reshape(6, 2), name=f"{name}_table")
         g.add_output(kit.add(g, "Gather", [table, ids], {"axis": 0}), f"{name}_rows")

@@ -353,18 +353,35 @@ def test_narrow_and_unsigned_integer_chains_wrap_as_numpy_does(kit, device, dtyp
     np.testing.assert_array_equal(got["not"], ~a)
 
 
-def test_integer_ops_without_an_exact_expression_stay_on_the_numpy_backend(kit, device):
-    """Div (ONNX truncates, `/` would not) and float-only activations on integers run on the host."""
+def test_integer_division_rounds_toward_zero_and_float_activations_stay_on_the_host(kit, device):
+    """Div of signed integers as ONNX has it (toward zero, not floor), with NumPy's answers
+    where a GPU's are undefined (0 for a zero divisor, the most negative value over -1
+    wraps); a float-only activation (Relu) on integers runs on the host."""
     rng = np.random.default_rng(14)
-    a, b = rng.integers(-20, 20, (3, 4)), rng.integers(1, 5, (3, 4))
-    g = Graph("int_div")
-    av, bv = (g.add_input(n, TensorType(v.shape, np.int64)) for n, v in (("a", a), ("b", b)))
-    quotient = kit.add(g, "Div", [av, bv])
-    relu = kit.add(g, "Relu", [quotient])
+    for dtype in (np.int64, np.int32, np.int8, np.uint16):
+        info = np.iinfo(dtype)
+        a = rng.integers(info.min, info.max, (4, 6), dtype=dtype, endpoint=True)
+        b = rng.integers(-5 if info.min else 0, 6, (4, 6)).astype(dtype)
+        a[0, :2], b[0, :2] = info.min, (-1 if info.min else 3)
+        g = Graph("int_div")
+        av, bv = (g.add_input(n, TensorType(v.shape, dtype)) for n, v in (("a", a), ("b", b)))
+        g.add_output(kit.add(g, "Div", [av, bv]), "y")
+        got, want = kit.run_both(g, {"a": a, "b": b}, device)
+        np.testing.assert_array_equal(got["y"], want["y"], err_msg=str(dtype))
+        assert got["y"].dtype == dtype
+        nonzero = b != 0
+        pairs = [(int(x), int(y)) for x, y in zip(a[nonzero][2:], b[nonzero][2:])]
+        truncated = [abs(x) // abs(y) * (1 if (x < 0) == (y < 0) else -1) for x, y in pairs]
+        np.testing.assert_array_equal(got["y"][nonzero][2:], np.array(truncated, dtype))
+        assert (got["y"][~nonzero] == 0).all()
+    g = Graph("int_relu")
+    x = g.add_input("x", TensorType((3, 4), np.int64))
+    relu = kit.add(g, "Relu", [x])
     g.add_output(relu, "y")
     exe = TritonExecutable(g, device=device)
-    np.testing.assert_array_equal(exe({"a": a, "b": b})["y"], np.maximum(np.trunc(a / b).astype(np.int64), 0))
-    assert sorted(exe.fallback_nodes) == sorted([quotient.node, relu.node])
+    ints = rng.integers(-20, 20, (3, 4))
+    np.testing.assert_array_equal(exe({"x": ints})["y"], np.maximum(ints, 0))
+    assert exe.fallback_nodes == [relu.node]
 
 
 def test_scalar_results_and_a_gather_of_one_row(kit, device):
