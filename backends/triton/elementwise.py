@@ -273,9 +273,9 @@ def operand_dims(node: Node, slot: int, rank: int) -> tuple[int, ...] | None:
     return (1,) if slot in PER_CHANNEL.get(node.op, ()) and rank >= 2 else None
 
 
-INTEGER_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Sum", "Neg", "Abs", "Clip", "Max", "Min", "Where", "Equal", "Less",
-                         "LessOrEqual", "Greater", "GreaterOrEqual", "Mod", "BitwiseAnd", "BitwiseOr", "BitwiseXor",
-                         "BitwiseNot", "BitShift", "CastLike", *COPIES})
+INTEGER_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Sum", "Neg", "Abs", "Clip", "Max", "Min", "Where", "Equal",
+                         "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Mod", "BitwiseAnd", "BitwiseOr",
+                         "BitwiseXor", "BitwiseNot", "BitShift", "CastLike", *COPIES})
 """Ops whose expressions compute integers in their own type (no float literal in them): the
 arithmetic on ids and positions that models do before their embeddings, remainders and bits."""
 

@@ -10,7 +10,9 @@ after an elementwise op). Statistics are computed in float32.
 ReduceMax and ReduceMin also run on bool (ONNX opset 20: any and all; torch's safe-softmax
 guard in transformers' sdpa attention reduces a bool row this way): the row is loaded as 0/1
 integers, masked-off lanes holding the reduction's neutral element (BOOL_NEUTRAL), reduced by
-max or min and stored as bool.
+max or min and stored as bool. Integer rows reduce in their own type (INTEGER_REDUCE_OPS: sums,
+products, extremes), wrapping as NumPy's do; an empty row gives the op's neutral element (the
+type's extreme for ReduceMax and ReduceMin), as on the NumPy backend.
 
 CumSum, ArgMax and ArgMin walk the row in scan order (reversed for `reverse` and
 `select_last_index`), on float rows and on integer ones in their own type (the position
@@ -64,6 +66,17 @@ REDUCE_OPS: dict[str, tuple[str, str]] = {
 }
 """Reductions: op -> (the reduced row `x` as an expression, with `{n}` its length; the value
 masked-off lanes hold)."""
+INTEGER_REDUCE_OPS: dict[str, str] = {
+    "ReduceSum": "tl.sum(x, axis=0)",
+    "ReduceMax": "tl.max(x, axis=0)",
+    "ReduceMin": "tl.min(x, axis=0)",
+    "ReduceProd": "tl.reduce(x, 0, libm.multiply)",
+    "ReduceL1": "tl.sum(tl.abs(x), axis=0)",
+    "ReduceSumSquare": "tl.sum(x * x, axis=0)",
+}
+"""Reductions of integer rows, in the row's type (whatever width Triton accumulates in, the
+stored result is the wrapped one, as NumPy's is): op -> the reduced row `x`. Masked-off lanes
+hold `_integer_neutral`."""
 EXTREMES = frozenset({"ReduceMax", "ReduceMin", "GlobalMaxPool"})
 """Reductions whose answer is NaN when the row holds one (tl.max and tl.min skip it)."""
 
@@ -148,13 +161,16 @@ def supports(graph: Graph, node: Node) -> bool:
 
 
 def _dtypes_ok(op: str, x: TensorType, out: TensorType) -> bool:
-    """Float operand and result; bool ones for the reductions ONNX defines on bool; int32 or
-    int64 rows for the scans (ArgMax/ArgMin: of a float row too, into int64 indices)."""
+    """Float operand and result; bool ones for the reductions ONNX defines on bool; integer
+    rows for the scans (ArgMax/ArgMin: of a float row too, into int64 indices) and the
+    reductions of INTEGER_REDUCE_OPS, into their own type."""
     if op in BOOL_NEUTRAL and x.dtype == np.bool_:
         return out.dtype == np.bool_
     if op in ("ArgMax", "ArgMin"):
         return (is_float(x) or is_integer(x)) and out.dtype == np.int64
     if op == "CumSum" and is_integer(x):
+        return out.dtype == x.dtype
+    if op in INTEGER_REDUCE_OPS and is_integer(x):
         return out.dtype == x.dtype
     return is_float(x) and is_float(out)
 
@@ -187,6 +203,13 @@ def results(nodes: list[Node]) -> list[Value]:
 def _load(value: Value, t: TensorType, index: list[str], param: str, other: str) -> str:
     load = f"tl.load({param} + {offset(t, index)}, mask=mask, other={other})"
     return load if t.dtype.name == "float32" else load + ".to(tl.float32)"
+
+
+def _integer_neutral(op: str, t: TensorType) -> str:
+    """What a masked-off lane of an integer row holds: the identity of the op's combination."""
+    if op in ("ReduceMax", "ReduceMin"):
+        return _extreme(t, highest=op == "ReduceMin")
+    return "1" if op == "ReduceProd" else "0"
 
 
 def _extreme(t: TensorType, highest: bool) -> str:
@@ -296,6 +319,10 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
     logical = x_t.dtype == np.bool_
     if logical:
         load = f"tl.load(in0 + {offset(x_t, names)}, mask=mask, other={BOOL_NEUTRAL[op]}).to(tl.int32)"
+    elif is_integer(x_t):
+        load = f"tl.load(in0 + {offset(x_t, names)}, mask=mask, other={_integer_neutral(op, x_t)})"
+        if x_t.dtype.itemsize == 4:  # the interpreter refuses a 32-bit sum that overflows; stored, both wrap alike
+            load += ".to(tl.int64)"
     else:
         load = _load(values[0], x_t, names, "in0", other)
     lines.append(f"x = {load}  # {graph.value_name(values[0])}: {x_t}")
@@ -323,6 +350,9 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
                 load = _load(value, t, broadcast_index(t, names, shape), param, "0.0")
             lines.append(f"y = y {verb} {load}  # {graph.value_name(value)}: {t}")
         store_index = list(names)
+    elif is_integer(x_t):
+        lines.append(f"y = {INTEGER_REDUCE_OPS[op]}")
+        store_index = _reduced_index(node, names, axes)
     else:
         lines.append(f"y = {REDUCE_OPS[op][0].format(n=length)}" + (" != 0" if logical else ""))
         if op in EXTREMES and not logical:  # a NaN in the row is the answer, as in numpy

@@ -186,8 +186,8 @@ def _bfloat16_scatters(kit) -> Graph:
 
 def _small_integers(kit) -> Graph:
     """Chains of the narrow and unsigned integers (wrapping arithmetic, Max, bitwise not as an
-    XOR with every bit set, quotients and remainders, shifts with their fills, casts), gathers of their tables, and their
-    TopK and CumSum rows."""
+    XOR with every bit set, quotients and remainders, shifts with their fills, casts), gathers
+    of their tables, and their reductions, TopK and CumSum rows."""
     g = Graph("small_integers")
     ids = g.add_input("ids", TensorType((4,), np.int64))
     for dtype in (np.int8, np.uint8, np.int16, np.uint16, np.uint32, np.uint64):
@@ -201,6 +201,9 @@ def _small_integers(kit) -> Graph:
         g.add_output(kit.add(g, "Gather", [table, ids], {"axis": 0}), f"{name}_rows")
         g.add_output(kit.add(g, "CumSum", [a, g.add_constant(np.array(1, np.int64), name=f"{name}_axis")]),
                      f"{name}_cumsum")
+        for op in ("ReduceSum", "ReduceProd", "ReduceMax"):
+            g.add_output(kit.add(g, op, [a, g.add_constant(np.array([1], np.int64), name=f"{name}_{op}_axes")]),
+                         f"{name}_{op}")
         if dtype != np.uint64:
             top = kit.add(g, "TopK", [a, g.add_constant(np.array([2], np.int64), name=f"{name}_k")])
             g.add_output(top, f"{name}_top")

@@ -297,6 +297,32 @@ def test_reduction_conformance_cases(kit, device, op):
                           and "empty_axes_input_noop" not in case.name)
 
 
+INTEGER_REDUCTIONS = {"ReduceSum": np.sum, "ReduceMax": np.max, "ReduceMin": np.min, "ReduceProd": np.prod,
+                      "ReduceL1": lambda x, **kw: np.sum(np.abs(x), **kw),
+                      "ReduceSumSquare": lambda x, **kw: np.sum(x * x, **kw)}
+
+
+@pytest.mark.parametrize("op", sorted(INTEGER_REDUCTIONS))
+@pytest.mark.parametrize("dtype", [np.int64, np.int32, np.int8, np.uint16])
+@pytest.mark.parametrize("axes,keepdims", [((1,), 1), ((0, 2), 0)])
+def test_integer_rows_reduce_in_their_own_type_and_wrap(kit, device, op, dtype, axes, keepdims):
+    """Values across the whole type (int64 past float64's 2**53): sums, products and squares
+    that overflow wrap as NumPy's do, bit for bit."""
+    info = np.iinfo(dtype)
+    x = np.random.default_rng(22).integers(info.min, info.max, (3, 7, 5), dtype=dtype, endpoint=True)
+    g = Graph("int_reduce")
+    xv = g.add_input("x", TensorType(x.shape, dtype))
+    g.add_output(kit.add(g, op, [xv, g.add_constant(np.array(axes, np.int64), name="axes")],
+                         {"keepdims": keepdims}), "y")
+    got, want = kit.run_both(g, {"x": x}, device)
+    assert got["y"].dtype == dtype
+    np.testing.assert_array_equal(got["y"], want["y"])
+    in_type = {} if op in ("ReduceMax", "ReduceMin") else {"dtype": dtype}
+    with np.errstate(over="ignore"):
+        expected = INTEGER_REDUCTIONS[op](x, axis=axes, keepdims=bool(keepdims), **in_type)
+    np.testing.assert_array_equal(got["y"], expected)
+
+
 @pytest.mark.parametrize("axis,keepdims", [(1, 0), (-1, 1)])
 def test_reduce_prod_of_a_packed_operand_is_the_float64_product_rounded(kit, device, axis, keepdims):
     """Rows of 21 or 35 factors of both signs near 1, read from 16x16 tiles whose padding holds
