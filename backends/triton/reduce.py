@@ -29,11 +29,13 @@ largest int64) sort last. An int64 row is sorted twice, least significant half f
 radix sort of two digits): by (low 32 bits, index), then by (high 32 bits, rank in the first
 pass) with the index carried in the low bits. The first K indices are stored and the values
 are read back from the operand at them, so they are its own bits (-0.0 and NaN payloads
-kept). Rows up to TOPK_MAX_BLOCK; longer ones, and uint64 ones, run on the NumPy backend.
+kept). A row longer than TOPK_MAX_BLOCK (a vocabulary's logits; not int64) is read in pieces:
+each step sorts the best K keys so far with the next BLOCK - K elements, the index taking the
+row's index bits. uint64 rows, and int64 rows longer than a block, run on the NumPy backend.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -114,8 +116,13 @@ NORMALIZATIONS = frozenset({"LayerNormalization", "InstanceNormalization"})
 SCANS = frozenset({"CumSum", "ArgMax", "ArgMin"})
 """Row ops that walk the row in order (see the module docstring)."""
 TOPK_MAX_BLOCK = 4096
-"""Longest TopK row (its BLOCK): the index takes log2(BLOCK) bits of an int64 sort key, twice
-for an int64 row (32 + 2 * 12 bits)."""
+"""Longest TopK row held in one block (its BLOCK): the index takes log2(BLOCK) bits of an
+int64 sort key, twice for an int64 row (32 + 2 * 12 bits). Longer rows are read in pieces."""
+TOPK_PIECE = 1024
+"""The default block of a TopK row read in pieces (larger when 2K is): a sort of 4096 lanes
+took ptxas about 40 s to compile, one of 1024 a few."""
+TOPK_MAX_ROW = 1 << 30
+"""Longest TopK row read in pieces: a key is a 33-bit value times the row's index range."""
 _INT64_MAX = "9223372036854775807"
 
 
@@ -125,9 +132,15 @@ def topk_k(graph: Graph, node: Node) -> int | None:
     return k[0] if k is not None and len(k) == 1 else None
 
 
+def topk_in_pieces(graph: Graph, node: Node) -> bool:
+    """Whether a TopK row is longer than one block holds: it is then read in pieces."""
+    return row_length(graph, node) > TOPK_MAX_BLOCK
+
+
 def _supports_topk(graph: Graph, node: Node, x: TensorType) -> bool:
-    """A static float or integer (not uint64) row of 1..TOPK_MAX_BLOCK elements, a constant K in
-    1..row length, `largest` 0 or 1, static results of the operand's dtype and int64."""
+    """A static float or integer (not uint64) row of 1..TOPK_MAX_BLOCK elements, or a longer
+    one (up to TOPK_MAX_ROW; not int64) with K at most half a block; a constant K in 1..row
+    length, `largest` 0 or 1, static results of the operand's dtype and int64."""
     values, order = node.outputs[0], node.outputs[1] if len(node.outputs) > 1 else None
     if not (is_float(x) or is_integer(x)) or x.dtype == np.uint64 or order is None or values.dtype != x.dtype \
             or order.dtype != np.int64:
@@ -138,8 +151,9 @@ def _supports_topk(graph: Graph, node: Node, x: TensorType) -> bool:
         return False
     axis = int(node.attrs.get("axis", -1)) % x.rank
     length, k = int(x.shape[axis]), topk_k(graph, node)
-    return length <= TOPK_MAX_BLOCK and k is not None and 1 <= k <= length and \
-        all(int(t.shape[axis]) == k for t in (values, order))
+    if k is None or not 1 <= k <= length or any(int(t.shape[axis]) != k for t in (values, order)):
+        return False
+    return length <= TOPK_MAX_BLOCK or (length <= TOPK_MAX_ROW and x.dtype != np.int64 and 2 * k <= TOPK_MAX_BLOCK)
 
 
 def supports(graph: Graph, node: Node) -> bool:
@@ -182,15 +196,22 @@ def row_length(graph: Graph, node: Node) -> int:
 
 def defaults(graph: Graph, nodes: list[Node], tile: int) -> dict[str, Any]:
     block = max(tile, next_pow2(row_length(graph, nodes[0])))
+    if nodes[0].op == "TopK" and topk_in_pieces(graph, nodes[0]):
+        block = max(TOPK_PIECE, next_pow2(2 * (topk_k(graph, nodes[0]) or 1)))
     return {"BLOCK": block, "num_warps": 4 if block <= 2048 else 8, "num_stages": 1}
 
 
 def check(graph: Graph, nodes: list[Node], config: dict[str, Any]) -> str | None:
-    length = row_length(graph, nodes[0])
-    if config["BLOCK"] < length:
-        return f"BLOCK={config['BLOCK']} is shorter than the row ({length} elements; one block holds a row)"
-    if nodes[0].op == "TopK" and config["BLOCK"] > TOPK_MAX_BLOCK:
-        return f"BLOCK={config['BLOCK']} is longer than a TopK row may be ({TOPK_MAX_BLOCK}: its sort keys' index bits)"
+    length, block = row_length(graph, nodes[0]), config["BLOCK"]
+    if nodes[0].op == "TopK" and block > TOPK_MAX_BLOCK:
+        return f"BLOCK={block} is longer than a TopK row may be ({TOPK_MAX_BLOCK}: its sort keys' index bits)"
+    if nodes[0].op == "TopK" and topk_in_pieces(graph, nodes[0]):
+        k = topk_k(graph, nodes[0]) or 0
+        if block < 2 * k:
+            return f"BLOCK={block} holds less than twice K={k} (a TopK row read in pieces carries its best K)"
+        return None
+    if block < length:
+        return f"BLOCK={block} is shorter than the row ({length} elements; one block holds a row)"
     return None
 
 
@@ -248,6 +269,8 @@ def _topk(graph: Graph, node: Node, x_t: TensorType, names: list[str], axis: int
     k = topk_k(graph, node)
     largest = bool(int(node.attrs.get("largest", 1)))
     at = lambda i: [i if d == axis else n for d, n in enumerate(names)]  # noqa: E731
+    if topk_in_pieces(graph, node):
+        return _topk_in_pieces(node, x_t, at, length, k, largest)
     lines = ["s = tl.arange(0, BLOCK)", f"mask = s < {length}",
              f"x = tl.load(in0 + {offset(x_t, at('s'))}, mask=mask, other=0)  # {x_t}"]
     if x_t.dtype.name == "int64":
@@ -259,22 +282,49 @@ def _topk(graph: Graph, node: Node, x_t: TensorType, names: list[str], axis: int
                   flip, "high = x >> 32",
                   f"key = tl.sort(tl.where(mask, (high * BLOCK + s) * BLOCK + first, {_INT64_MAX}))"]
     else:
-        if is_float(x_t):
-            lines += ["x = x.to(tl.float32)", "x = tl.where(x == 0, 0.0, x)",  # -0.0 ties with 0.0
-                      "bits = x.to(tl.int32, bitcast=True)",
-                      "v = tl.where(bits < 0, bits ^ 2147483647, bits)",
-                      "v = tl.where(x != x, 2147483647, v)"]  # every NaN after +inf, as in NumPy
-        else:
-            lines.append("v = x.to(tl.int64)")  # every narrower integer, unsigned ones too, fits
-        if largest:
-            lines.append("v = -1 - v")
+        lines += _order_key(x_t, largest)
         lines.append(f"key = tl.sort(tl.where(mask, v.to(tl.int64) * BLOCK + s, {_INT64_MAX}))")
+    return lines + _topk_stores(node, x_t, at, "BLOCK - 1", k)
+
+
+def _order_key(x_t: TensorType, largest: bool) -> list[str]:
+    """Lines mapping the row `x` (not int64) to `v`, an int64 order-preserving key (see the
+    module docstring), negated for `largest`."""
+    if is_float(x_t):
+        lines = ["x = x.to(tl.float32)", "x = tl.where(x == 0, 0.0, x)",  # -0.0 ties with 0.0
+                 "bits = x.to(tl.int32, bitcast=True)",
+                 "v = tl.where(bits < 0, bits ^ 2147483647, bits)",
+                 "v = tl.where(x != x, 2147483647, v).to(tl.int64)"]  # every NaN after +inf, as in NumPy
+    else:
+        lines = ["v = x.to(tl.int64)"]  # every narrower integer, unsigned ones too, fits
+    return lines + (["v = -1 - v"] if largest else [])
+
+
+def _topk_stores(node: Node, x_t: TensorType, at: Callable[[str], list[str]], index_bits: str, k: int) -> list[str]:
+    """Lines storing the first `k` of the sorted `key` (indices in its `index_bits` low bits):
+    the indices, and the values read back from the operand at them."""
     values, order = node.outputs[0], node.outputs[1]
-    lines += ["index = key & (BLOCK - 1)", f"top = s < {k}",
-              f"y = tl.load(in0 + {offset(x_t, at('index'))}, mask=top)",
-              f"tl.store(out0 + {offset(values, at('s'))}, y, mask=top)  # {node.name} (TopK): {values}",
-              f"tl.store(out1 + {offset(order, at('s'))}, index, mask=top)  # indices: {order}"]
-    return lines
+    return [f"index = key & ({index_bits})", "s = tl.arange(0, BLOCK)", f"top = s < {k}",
+            f"y = tl.load(in0 + {offset(x_t, at('index'))}, mask=top)",
+            f"tl.store(out0 + {offset(values, at('s'))}, y, mask=top)  # {node.name} (TopK): {values}",
+            f"tl.store(out1 + {offset(order, at('s'))}, index, mask=top)  # indices: {order}"]
+
+
+def _topk_in_pieces(node: Node, x_t: TensorType, at: Callable[[str], list[str]], length: int, k: int,
+                    largest: bool) -> list[str]:
+    """A row longer than a block: each step sorts the best K keys so far (the sorted block's
+    first K lanes) with the next BLOCK - K elements of the row. A key is the value's order key
+    times the row's index range plus the index, so ties keep the lower index first across
+    pieces as within one."""
+    span = next_pow2(length)
+    lines = ["s = tl.arange(0, BLOCK)", f"key = tl.full([BLOCK], {_INT64_MAX}, tl.int64)",
+             f"for start in range(0, {length}, BLOCK - {k}):",
+             f"    i = start + s - {k}",
+             f"    fresh = (s >= {k}) & (i < {length})",
+             f"    x = tl.load(in0 + {offset(x_t, at('i'))}, mask=fresh, other=0)  # {x_t}"]
+    lines += ["    " + line for line in _order_key(x_t, largest)]
+    lines.append(f"    key = tl.sort(tl.where(s < {k}, key, tl.where(fresh, v * {span} + i, {_INT64_MAX})))")
+    return lines + _topk_stores(node, x_t, at, str(span - 1), k)
 
 
 def _reduced_index(node: Node, names: list[str], axes: tuple[int, ...]) -> list[str | None]:

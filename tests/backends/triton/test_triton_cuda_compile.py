@@ -3,9 +3,9 @@ PTX, cubin through the bundled ptxas) for sm_90 and sm_80, from the generated so
 small models and of the dtype and op variants (bool and integer chains, the narrow and
 unsigned integers, float16, pools, gathers (GatherND too), resizes, splits into several
 results, pads in every mode, bool reductions, scans, the float64 helpers of libm.py,
-remainders, bits and products, OneHot, TopK of every dtype it takes, and scatters by store,
-by atomics and by compare-and-swap on 16- and 32-bit words). This catches what the
-interpreter accepts and the compiler does not."""
+remainders, bits and products, OneHot, TopK of every dtype it takes and of a row read in
+pieces, and scatters by store, by atomics and by compare-and-swap on 16- and 32-bit words).
+This catches what the interpreter accepts and the compiler does not."""
 from __future__ import annotations
 
 import numpy as np
@@ -210,10 +210,19 @@ def _small_integers(kit) -> Graph:
     return g
 
 
+def _long_topk(kit) -> Graph:
+    """TopK of a vocabulary-sized row, read in pieces (compiled, not run: the interpreter's
+    sorts are slow)."""
+    g = Graph("long_topk")
+    logits = g.add_input("logits", TensorType((2, 50257), np.float32))
+    g.add_output(kit.add(g, "TopK", [logits, g.add_constant(np.array([40], np.int64), name="k")]), "top")
+    return g
+
+
 @pytest.mark.parametrize("capability", [90, 80])
 def test_generated_kernels_compile_for_the_gpu(kit, capability):
     pytest.importorskip("triton.backends.nvidia")
-    graphs = [_variants(kit), _bfloat16_scatters(kit), _small_integers(kit)]
+    graphs = [_variants(kit), _bfloat16_scatters(kit), _small_integers(kit), _long_topk(kit)]
     for model in (mlp_model(batch=5, sizes=(20, 33, 7)), mlp_model(batch=3, sizes=(18, 40, 6), gemm=True),
                   kit.small_cnn(), kit.tiny_transformer()):
         plain = tilefold.load(model)

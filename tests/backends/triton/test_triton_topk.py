@@ -1,8 +1,9 @@
 """TopK in the row template (reduce.py): both results (values and int64 indices) against the
 ONNX conformance cases and the NumPy backend (a stable argsort: equal values keep the lower
 index first), over rows of awkward lengths with many ties, every axis, largest 0 and 1, K 1
-and the row's length, float16/bfloat16/int32/int64 rows, NaN and -0.0, int64 values past 2**53;
-and what stays on the host (K computed at run time, rows longer than TOPK_MAX_BLOCK, uint64)."""
+and the row's length, float16/bfloat16/int32/int64 rows, NaN and -0.0, int64 values past 2**53,
+rows longer than a block (read in pieces); and what stays on the host (K computed at run time,
+int64 rows longer than TOPK_MAX_BLOCK, uint64)."""
 from __future__ import annotations
 
 import ml_dtypes
@@ -12,11 +13,12 @@ import pytest
 from onnx import numpy_helper
 
 from tilefold.backends.numpy import NumpyExecutable
-from tilefold.backends.triton import TritonExecutable
+from tilefold.backends.triton import TritonExecutable, verify_launch
 from tilefold.backends.triton.reduce import TOPK_MAX_BLOCK
 from tilefold.backends.triton.templates import classify
 from tilefold.frontends.onnx import load_onnx
 from tilefold.graph import Graph
+from tilefold.graph.errors import VerifyError
 from tilefold.graph.types import TensorType, Value
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -160,12 +162,39 @@ def test_nan_infinities_and_signed_zeros_as_numpy(kit, device, largest, dtype):
     assert zeros == sorted(zeros)  # -0.0 and 0.0 tie
 
 
+@pytest.mark.parametrize("dtype, largest", [(np.float32, 1), (np.int32, 0)])
+def test_rows_longer_than_a_block_are_read_in_pieces(kit, device, dtype, largest):
+    """A vocabulary-sized row on a GPU; under the interpreter, whose sorts are slow, a row just
+    past TOPK_MAX_BLOCK read in blocks of 128 (33 pieces). Few distinct values: ties between
+    pieces keep the lower index first."""
+    rows, length, k = ((1, TOPK_MAX_BLOCK + 4, 9) if device == "interp" else (3, 50257, 50))
+    x = np.random.default_rng(6).integers(-40, 40, (rows, length)).astype(dtype)
+    g = _topk_graph(kit, x.shape, dtype, k, -1, largest)
+    if device == "interp":
+        g.node("top").launch = {"BLOCK": 128}
+    got, _ = _run(kit, g, x, device)
+    values, order = _stable_topk(x, k, -1, largest)
+    np.testing.assert_array_equal(got["indices"], order)
+    np.testing.assert_array_equal(got["values"], values)
+
+
+def test_a_block_must_hold_twice_k_for_a_row_in_pieces(kit):
+    g = _topk_graph(kit, (2, TOPK_MAX_BLOCK + 1), np.float32, 40, -1, 1)
+    g.node("top").launch = {"BLOCK": 64}
+    with pytest.raises(VerifyError, match=r"node 'top'.*BLOCK=64 holds less than twice K=40"):
+        verify_launch(g)
+    g.node("top").launch = {"BLOCK": 128}
+    verify_launch(g)
+
+
 def test_what_stays_on_the_host(kit):
-    """Rows longer than TOPK_MAX_BLOCK, uint64 rows and K computed at run time: no kernel."""
-    long = _topk_graph(kit, (2, TOPK_MAX_BLOCK + 1), np.float32, 3, -1, 1)
-    top = next(n for n in long.nodes() if n.op == "TopK")
-    assert classify(long, top) == "numpy"
-    fits = _topk_graph(kit, (2, TOPK_MAX_BLOCK), np.float32, 3, -1, 1)
+    """int64 rows longer than TOPK_MAX_BLOCK (their keys take two sorts), a K over half a
+    block in a longer row, uint64 rows and K computed at run time: no kernel."""
+    for dtype, k, runs in ((np.int64, 3, False), (np.float32, TOPK_MAX_BLOCK // 2 + 1, False),
+                           (np.float32, TOPK_MAX_BLOCK // 2, True)):
+        long = _topk_graph(kit, (2, TOPK_MAX_BLOCK + 1), dtype, k, -1, 1)
+        assert classify(long, long.node("top")) == ("reduce" if runs else "numpy")
+    fits = _topk_graph(kit, (2, TOPK_MAX_BLOCK), np.int64, 3, -1, 1)
     assert classify(fits, next(n for n in fits.nodes() if n.op == "TopK")) == "reduce"
     unsigned = _topk_graph(kit, (2, 5), np.uint64, 3, -1, 1)
     assert classify(unsigned, next(n for n in unsigned.nodes() if n.op == "TopK")) == "numpy"
