@@ -6,11 +6,12 @@ Operands are contracted pairwise, left to right, each pair as one batched MatMul
 both operands have that a later operand or the output needs are its batch dims, those nothing
 later needs its k, the first operand's other labels its m and the second's its n (each group
 flattened into one dim). A label that one operand alone has and nothing later needs is summed
-out first. An ellipsis is a run of internal labels.
+out first. An ellipsis is a run of internal labels. A label repeated within one term (a
+diagonal, a trace) is read first: its two axes moved last and merged, then sliced with a step
+of n + 1.
 
-Left an Einsum (np.einsum runs it): a label repeated within one term (a diagonal), operands
-that broadcast against each other (a label or ellipsis dim of size 1 against a larger one), a
-type other than float, or a dynamic shape.
+Left an Einsum (np.einsum runs it): operands that broadcast against each other (a label or
+ellipsis dim of size 1 against a larger one), a type other than float, or a dynamic shape.
 """
 from __future__ import annotations
 
@@ -44,8 +45,6 @@ def _terms(graph: Graph, node: Node) -> tuple[list[tuple[Value, str]], str, dict
     operands = []
     for value, term, t in zip(values, terms, types):
         labels = term.replace("...", dots)
-        if len(set(labels)) != len(labels):
-            return None
         for label, size in zip(labels, t.shape):
             if sizes.setdefault(label, int(size)) != size:
                 return None
@@ -80,6 +79,23 @@ class _Builder:
             return x
         return self.add("Reshape", [x, self.ints(shape)])
 
+    def diagonal(self, x: Value, labels: str) -> tuple[Value, str]:
+        """x's diagonal over every label that `labels` repeats: for each repeat, its two axes
+        moved last and merged, then every (n + 1)-th element of the merged axis."""
+        while len(set(labels)) != len(labels):
+            label = next(c for c in labels if labels.count(c) > 1)
+            first = labels.index(label)
+            second = labels.index(label, first + 1)
+            others = [k for k in range(len(labels)) if k not in (first, second)]
+            if others + [first, second] != list(range(len(labels))):
+                x = self.add("Transpose", [x], {"perm": (*others, first, second)})
+            rest = "".join(labels[k] for k in others)
+            n = self.sizes[label]
+            x = self.reshape(x, [self.sizes[c] for c in rest] + [n * n])
+            x = self.add("Slice", [x, self.ints([0]), self.ints([n * n]), self.ints([len(rest)]), self.ints([n + 1])])
+            labels = rest + label
+        return x, labels
+
     def sum_out(self, x: Value, labels: str, keep: set[str]) -> tuple[Value, str]:
         """x with the labels not in `keep` summed out."""
         gone = [k for k, c in enumerate(labels) if c not in keep]
@@ -113,8 +129,9 @@ def _lower(graph: Graph) -> PassResult:
         plan = _terms(graph, node)
         if plan is None:
             continue
-        operands, rhs, sizes = plan
-        build = _Builder(graph, node, sizes)
+        build = _Builder(graph, node, plan[2])
+        operands = [build.diagonal(value, labels) for value, labels in plan[0]]
+        rhs = plan[1]
         x, labels = operands[0]
         for index in range(1, len(operands)):
             y, other = operands[index]

@@ -189,9 +189,9 @@ def test_shape_of_a_device_tensor_is_known_at_compile_time_and_moves_no_data(kit
 
 
 def test_ops_without_a_template_run_on_the_host_as_tilefold_run_does_them(kit):
-    """`tilefold run MODEL --device interp,cpu`: a diagonal Einsum (which stays an Einsum:
-    MatMuls cannot express it) has no Triton template, so it runs with the NumPy kernels after
-    the interpreter's MatMul kernels; TopK with a constant K runs in its row kernel there."""
+    """`tilefold run MODEL --device interp,cpu`: float64 math (a row sum between Casts; Triton
+    kernels compute floats in float32) runs with the NumPy kernels after the interpreter's
+    MatMul kernels; TopK with a constant K runs in its row kernel there."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(5)
@@ -200,18 +200,22 @@ def test_ops_without_a_template_run_on_the_host_as_tilefold_run_does_them(kit):
         [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
          helper.make_node("TopK", ["h", "k"], ["m", "order"], name="sort"),
          helper.make_node("MatMul", ["m", "w2"], ["z"], name="mm2"),
-         helper.make_node("Einsum", ["z"], ["y"], equation="ii->i", name="rows")],
+         helper.make_node("Cast", ["z"], ["z64"], to=TensorProto.DOUBLE, name="wide"),
+         helper.make_node("ReduceSum", ["z64", "one"], ["s64"], keepdims=0, name="rows"),
+         helper.make_node("Cast", ["s64"], ["y"], to=TensorProto.FLOAT, name="narrow")],
         "host_ops", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
         [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"),
-         numpy_helper.from_array(np.array([16], np.int64), "k")],
+         numpy_helper.from_array(np.array([16], np.int64), "k"),
+         numpy_helper.from_array(np.array([1], np.int64), "one")],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     exe = tilefold.compile(tilefold.load(model), device="interp,cpu")
     x = rng.standard_normal((4, 6)).astype(F32)
     got = exe({"x": x})["y"]
     assert isinstance(exe, TritonExecutable)
-    assert "rows" in exe.fallback_nodes and not {"mm1", "sort", "mm2"} & set(exe.fallback_nodes)
+    assert {"wide", "rows", "narrow"} <= set(exe.fallback_nodes)
+    assert not {"mm1", "sort", "mm2"} & set(exe.fallback_nodes)
     want = kit.ort_outputs(model, {"x": x})["y"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
