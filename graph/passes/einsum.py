@@ -8,10 +8,11 @@ later needs its k, the first operand's other labels its m and the second's its n
 flattened into one dim). A label that one operand alone has and nothing later needs is summed
 out first. An ellipsis is a run of internal labels. A label repeated within one term (a
 diagonal, a trace) is read first: its two axes moved last and merged, then sliced with a step
-of n + 1.
+of n + 1. Operands broadcast as NumPy's do: ellipses of different lengths are right-aligned,
+and a dim of one element whose label is larger in another operand is squeezed away (the label
+is then absent from that operand).
 
-Left an Einsum (np.einsum runs it): operands that broadcast against each other (a label or
-ellipsis dim of size 1 against a larger one), a type other than float, or a dynamic shape.
+Left an Einsum (np.einsum runs it): a type other than float, or a dynamic shape.
 """
 from __future__ import annotations
 
@@ -37,17 +38,20 @@ def _terms(graph: Graph, node: Node) -> tuple[list[tuple[Value, str]], str, dict
     if any(v is None for v in values) or not all(t.is_static and t.dtype.kind == "f" for t in types):
         return None
     terms, rhs = einsum_terms(node.attrs["equation"], [t.rank for t in types])
-    ellipsis = {len(t.shape) - len(term.replace("...", "")) for term, t in zip(terms, types) if "..." in term}
-    if len(ellipsis) > 1 or max(ellipsis, default=0) > len(_ELLIPSIS_LABELS):
+    spans = [len(t.shape) - len(term.replace("...", "")) for term, t in zip(terms, types)]
+    if max(spans, default=0) > len(_ELLIPSIS_LABELS):
         return None
-    dots = _ELLIPSIS_LABELS[:max(ellipsis, default=0)]
+    dots = _ELLIPSIS_LABELS[:max(spans, default=0)]
     sizes: dict[str, int] = {}
     operands = []
-    for value, term, t in zip(values, terms, types):
-        labels = term.replace("...", dots)
-        for label, size in zip(labels, t.shape):
-            if sizes.setdefault(label, int(size)) != size:
-                return None
+    for value, term, t, span in zip(values, terms, types, spans):
+        labels = term.replace("...", dots[len(dots) - span:])  # ellipsis dims right-aligned, as NumPy's
+        for label in set(labels):
+            here = {int(d) for c, d in zip(labels, t.shape) if c == label}
+            known = sizes.get(label, 1)
+            if len(here) > 1 or (here != {1} and known != 1 and here != {known}):
+                return None  # a diagonal of unequal dims, or sizes that do not broadcast
+            sizes[label] = max(known, *here)
         operands.append((value, labels))
     return operands, rhs.replace("...", dots), sizes
 
@@ -78,6 +82,15 @@ class _Builder:
         if tuple(self.graph.type_of(x).shape) == tuple(shape):
             return x
         return self.add("Reshape", [x, self.ints(shape)])
+
+    def squeeze(self, x: Value, labels: str) -> tuple[Value, str]:
+        """x without its axes of one element whose label is larger in another operand: NumPy
+        broadcasts them, which here means the label is absent from x."""
+        shape = [int(d) for d in self.graph.type_of(x).shape]
+        keep = [k for k, c in enumerate(labels) if shape[k] != 1 or self.sizes[c] == 1]
+        if len(keep) == len(labels):
+            return x, labels
+        return self.reshape(x, [shape[k] for k in keep]), "".join(labels[k] for k in keep)
 
     def diagonal(self, x: Value, labels: str) -> tuple[Value, str]:
         """x's diagonal over every label that `labels` repeats: for each repeat, its two axes
@@ -130,7 +143,7 @@ def _lower(graph: Graph) -> PassResult:
         if plan is None:
             continue
         build = _Builder(graph, node, plan[2])
-        operands = [build.diagonal(value, labels) for value, labels in plan[0]]
+        operands = [build.diagonal(*build.squeeze(value, labels)) for value, labels in plan[0]]
         rhs = plan[1]
         x, labels = operands[0]
         for index in range(1, len(operands)):

@@ -1,5 +1,5 @@
 """lower_einsum: an Einsum becomes ReduceSums, Transposes, Reshapes and batched MatMuls that
-compute np.einsum's result (diagonals as strided Slices first); broadcasting operands and
+compute np.einsum's result (diagonals as strided Slices first, broadcast dims squeezed);
 integer Einsums stay as they are; the ONNX conformance cases still pass, and the lowered
 MatMuls run in Triton kernels."""
 import numpy as np
@@ -32,6 +32,9 @@ LOWERED = [
     ("...ij,...jk->...ik", [(2, 3, 4, 5), (2, 3, 5, 6)]),
     ("ij,jk", [(3, 4), (4, 2)]),  # implicit output: ik
     ("abc,cd->abd", [(2, 1, 3), (3, 4)]),  # a size-1 label is no broadcast
+    ("ij,ij->ij", [(1, 3), (2, 3)]),  # a label of one element against two: broadcast
+    ("bij,bjk->bik", [(1, 4, 5), (3, 5, 6)]),  # a broadcast batch
+    ("...ij,...jk->...ik", [(3, 4, 5), (2, 1, 5, 6)]),  # ellipses of different lengths, right-aligned
 ]
 
 DIAGONALS = [
@@ -90,8 +93,8 @@ def test_a_repeated_label_is_read_as_a_strided_slice_of_the_merged_axes(equation
 
 
 @pytest.mark.parametrize("equation, shapes, dtype", [
-    ("ij,ij->ij", [(1, 3), (2, 3)], np.float32),  # operands that broadcast
     ("ij,jk->ik", [(3, 4), (4, 2)], np.int64),
+    ("ij,jk->ik", [(3, 4), (4, 2)], np.int32),
 ])
 def test_what_matmuls_cannot_say_stays_an_einsum_and_still_runs(equation, shapes, dtype, rng):
     g = _einsum_graph(equation, shapes, dtype)
