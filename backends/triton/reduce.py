@@ -75,10 +75,13 @@ INTEGER_REDUCE_OPS: dict[str, str] = {
     "ReduceProd": "tl.reduce(x, 0, libm.multiply)",
     "ReduceL1": "tl.sum(tl.abs(x), axis=0)",
     "ReduceSumSquare": "tl.sum(x * x, axis=0)",
+    "ReduceMean": "tl.sum(x, axis=0).to(tl.float64) / {n}",
 }
 """Reductions of integer rows, in the row's type (whatever width Triton accumulates in, the
-stored result is the wrapped one, as NumPy's is): op -> the reduced row `x`. Masked-off lanes
-hold `_integer_neutral`."""
+stored result is the wrapped one, as NumPy's is): op -> the reduced row `x` (`{n}` its
+length). Masked-off lanes hold `_integer_neutral`. ReduceMean is NumPy's float64 mean
+truncated: exact sums of rows up to 32 bits (int64 rows stay on the host, where NumPy's
+float64 sum rounds in its own order)."""
 EXTREMES = frozenset({"ReduceMax", "ReduceMin", "GlobalMaxPool"})
 """Reductions whose answer is NaN when the row holds one (tl.max and tl.min skip it)."""
 
@@ -185,7 +188,7 @@ def _dtypes_ok(op: str, x: TensorType, out: TensorType) -> bool:
     if op == "CumSum" and is_integer(x):
         return out.dtype == x.dtype
     if op in INTEGER_REDUCE_OPS and is_integer(x):
-        return out.dtype == x.dtype
+        return out.dtype == x.dtype and (op != "ReduceMean" or x.dtype.itemsize <= 4)
     return is_float(x) and is_float(out)
 
 
@@ -401,7 +404,7 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
             lines.append(f"y = y {verb} {load}  # {graph.value_name(value)}: {t}")
         store_index = list(names)
     elif is_integer(x_t):
-        lines.append(f"y = {INTEGER_REDUCE_OPS[op]}")
+        lines.append(f"y = {INTEGER_REDUCE_OPS[op].format(n=length)}")
         store_index = _reduced_index(node, names, axes)
     else:
         lines.append(f"y = {REDUCE_OPS[op][0].format(n=length)}" + (" != 0" if logical else ""))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tilefold.backends.numpy import NumpyExecutable
 from tilefold.backends.triton import TritonExecutable
 from tilefold.graph import Graph
 from tilefold.graph.types import Splat, TensorType
@@ -299,7 +300,8 @@ def test_reduction_conformance_cases(kit, device, op):
 
 INTEGER_REDUCTIONS = {"ReduceSum": np.sum, "ReduceMax": np.max, "ReduceMin": np.min, "ReduceProd": np.prod,
                       "ReduceL1": lambda x, **kw: np.sum(np.abs(x), **kw),
-                      "ReduceSumSquare": lambda x, **kw: np.sum(x * x, **kw)}
+                      "ReduceSumSquare": lambda x, **kw: np.sum(x * x, **kw),
+                      "ReduceMean": lambda x, dtype, **kw: np.mean(x, **kw).astype(dtype)}
 
 
 @pytest.mark.parametrize("op", sorted(INTEGER_REDUCTIONS))
@@ -307,14 +309,20 @@ INTEGER_REDUCTIONS = {"ReduceSum": np.sum, "ReduceMax": np.max, "ReduceMin": np.
 @pytest.mark.parametrize("axes,keepdims", [((1,), 1), ((0, 2), 0)])
 def test_integer_rows_reduce_in_their_own_type_and_wrap(kit, device, op, dtype, axes, keepdims):
     """Values across the whole type (int64 past float64's 2**53): sums, products and squares
-    that overflow wrap as NumPy's do, bit for bit."""
+    that overflow wrap as NumPy's do, bit for bit; means are NumPy's float64 mean truncated
+    (int64 means stay on the host)."""
     info = np.iinfo(dtype)
     x = np.random.default_rng(22).integers(info.min, info.max, (3, 7, 5), dtype=dtype, endpoint=True)
     g = Graph("int_reduce")
     xv = g.add_input("x", TensorType(x.shape, dtype))
     g.add_output(kit.add(g, op, [xv, g.add_constant(np.array(axes, np.int64), name="axes")],
-                         {"keepdims": keepdims}), "y")
-    got, want = kit.run_both(g, {"x": x}, device)
+                         {"keepdims": keepdims}, name="reduce"), "y")
+    if op == "ReduceMean" and dtype == np.int64:
+        exe = TritonExecutable(g, device=device)
+        got, want = exe({"x": x}), NumpyExecutable(g)({"x": x})
+        assert exe.fallback_nodes == ["reduce"]
+    else:
+        got, want = kit.run_both(g, {"x": x}, device)
     assert got["y"].dtype == dtype
     np.testing.assert_array_equal(got["y"], want["y"])
     in_type = {} if op in ("ReduceMax", "ReduceMin") else {"dtype": dtype}
