@@ -131,7 +131,8 @@ def _div(a: list[str], node: Node, consts: list[Any]) -> str | None:
     if out.kind == "u":
         return f"tl.where({y} == 0, 0, {x} // tl.where({y} == 0, 1, {y}))"
     if out.kind == "i":
-        return f"tl.where({y} == 0, 0, tl.where({y} == -1, -{x}, {x} // tl.where(({y} == 0) | ({y} == -1), 1, {y})))"
+        safe = f"tl.where(({y} == 0) | ({y} == -1), 1, {y})"
+        return f"tl.where({y} == 0, 0, tl.where({y} == -1, -{x}, {x} // {safe}))"
     return f"{x} / {y}"
 
 

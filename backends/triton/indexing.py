@@ -122,8 +122,8 @@ changed its answer between versions). Relu and Clip are written with `tl.where`,
 
 
 def parameter(params: list, item: object) -> str:
-    """Append a kernel operand (a graph Value, a codegen.Table or a codegen.Flag) to `params`; the name of its
-    pointer parameter in the generated source (`in0`, `in1`, ...)."""
+    """Append a kernel operand (a graph Value, a codegen.Table or a codegen.Flag) to `params`;
+    the name of its pointer parameter in the generated source (`in0`, `in1`, ...)."""
     params.append(item)
     return f"in{len(params) - 1}"
 
