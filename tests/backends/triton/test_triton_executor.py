@@ -18,7 +18,8 @@ F32 = np.float32
 
 
 def _graph_with_an_op_no_template_runs(kit):
-    """MatMul -> a diagonal Einsum (ii->i: no template, the NumPy backend) -> Relu."""
+    """MatMul -> a diagonal Einsum (ii->i, built here, so not lowered: no template, the NumPy
+    backend) -> Relu."""
     g = Graph("mixed")
     rng = np.random.default_rng(0)
     w = rng.standard_normal((6, 4)).astype(F32)
@@ -221,7 +222,8 @@ def test_ops_without_a_template_run_on_the_host_as_tilefold_run_does_them(kit):
 
 
 def test_a_host_op_falls_back_to_numpy_between_triton_kernels(kit):
-    """Exp -> Einsum ii->i (a diagonal: no template, the NumPy backend) -> Relu."""
+    """Exp -> Einsum ii->i (a diagonal built here, so not lowered: no template, the NumPy
+    backend) -> Relu."""
     g = Graph("diagonal")
     rng = np.random.default_rng(9)
     x = g.add_input("x", TensorType((5, 5), F32))
