@@ -142,9 +142,9 @@ def _lower(graph: Graph) -> PassResult:
         plan = _terms(graph, node)
         if plan is None:
             continue
-        build = _Builder(graph, node, plan[2])
-        operands = [build.diagonal(*build.squeeze(value, labels)) for value, labels in plan[0]]
-        rhs = plan[1]
+        operands, rhs, sizes = plan
+        build = _Builder(graph, node, sizes)
+        operands = [build.diagonal(*build.squeeze(value, labels)) for value, labels in operands]
         x, labels = operands[0]
         for index in range(1, len(operands)):
             y, other = operands[index]
