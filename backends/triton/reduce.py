@@ -304,10 +304,10 @@ def _order_key(x_t: TensorType, largest: bool) -> list[str]:
 
 
 def _topk_stores(node: Node, x_t: TensorType, at: Callable[[str], list[str]], index_bits: str, k: int) -> list[str]:
-    """Lines storing the first `k` of the sorted `key` (indices in its `index_bits` low bits):
-    the indices, and the values read back from the operand at them."""
+    """Lines storing the first `k` of the sorted `key` (indices in its `index_bits` low bits;
+    `s` the block's lanes): the indices, and the values read back from the operand at them."""
     values, order = node.outputs[0], node.outputs[1]
-    return [f"index = key & ({index_bits})", "s = tl.arange(0, BLOCK)", f"top = s < {k}",
+    return [f"index = key & ({index_bits})", f"top = s < {k}",
             f"y = tl.load(in0 + {offset(x_t, at('index'))}, mask=top)",
             f"tl.store(out0 + {offset(values, at('s'))}, y, mask=top)  # {node.name} (TopK): {values}",
             f"tl.store(out1 + {offset(order, at('s'))}, index, mask=top)  # indices: {order}"]

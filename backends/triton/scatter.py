@@ -34,7 +34,9 @@ from .indexing import NAN, is_float, offset, parameter, triton_dtype, value_ok
 from .layout_ops import looked_up
 
 OPS = frozenset({"ScatterElements", "ScatterND"})
-INDICES = frozenset({"int32", "int64"})
+WORD_INTEGERS = frozenset({"int32", "int64"})
+"""The index dtypes ONNX allows, and the only integer data a reduction combines (ATOMICS and the
+compare-and-swap words below are for these)."""
 
 ATOMICS: dict[tuple[str, str], str] = {
     **{("add", dtype): "tl.atomic_add" for dtype in ("float32", "float16", "int32", "int64")},
@@ -71,11 +73,11 @@ def supports(graph: Graph, node: Node) -> bool:
     out = node.outputs[0]
     reduction = node.attrs.get("reduction", "none")
     if not (value_ok(data) and value_ok(updates) and value_ok(out) and indices.is_static
-            and indices.dtype.name in INDICES and data == out and updates.dtype == data.dtype):
+            and indices.dtype.name in WORD_INTEGERS and data == out and updates.dtype == data.dtype):
         return False
     if reduction not in ("none", *COMBINE):
         return False
-    if reduction != "none" and not (is_float(data) or data.dtype.name in INDICES):
+    if reduction != "none" and not (is_float(data) or data.dtype.name in WORD_INTEGERS):
         return False  # bool data; the narrower and unsigned integers have neither atomics nor checked swaps here
     if node.op == "ScatterElements":
         axis = int(node.attrs.get("axis", 0)) % data.rank
