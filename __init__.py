@@ -71,10 +71,11 @@ class Optimized:
         return draw_comparison(self.before, self.graph, **options)
 
     def kernels(self) -> Any:
-        """The Triton kernels the optimized graph runs on a GPU (generated source, per kernel)."""
-        from .backends.triton import KernelListing, kernel_sources
+        """The Triton kernels the optimized graph runs on a GPU: per kernel its nodes, template,
+        launch configuration and generated source."""
+        from .backends.triton import kernel_listing
 
-        return KernelListing(kernel_sources(self.graph))
+        return kernel_listing(self.graph)
 
 
 def optimize(graph: Graph | str | os.PathLike, target: str = "cpu", *, verify: bool = False,

@@ -332,20 +332,18 @@ def cmd_kernels(args: argparse.Namespace, console: Console) -> int:
     import fnmatch
 
     import tilefold
-    from .backends.triton import kernel_sources
+    from .backends.triton import KernelListing, kernel_listing
 
     optimized = tilefold.optimize(tilefold.load(args.model, progress=sys.stderr.isatty()), args.target)
     dims = _dims(args.dim)
     shapes = {name: tuple(dims.get(d, 1) if isinstance(d, str) else d for d in t.shape)
               for name, t in optimized.graph.input_types().items()}
-    sources = [(names, source) for names, source in kernel_sources(optimized.graph, shapes=shapes)
-               if args.node is None or any(fnmatch.fnmatchcase(n, args.node) for n in names)]
-    if args.node is not None and not sources:
+    listing = KernelListing([k for k in kernel_listing(optimized.graph, shapes=shapes).kernels
+                             if args.node is None or any(fnmatch.fnmatchcase(n, args.node) for n in k.nodes)])
+    if args.node is not None and not listing:
         raise InputError(f"no kernel runs a node matching {args.node!r}")
-    for names, source in sources:
-        print(f"# ---- kernel for {', '.join(names)}")
-        print(source)
-    console.print(f"{len(sources)} kernel(s); target {optimized.report.target}", style="dim")
+    print(listing)
+    console.print(f"{len(listing)} kernel(s); target {optimized.report.target}", style="dim")
     return 0
 
 

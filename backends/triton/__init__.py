@@ -3,6 +3,7 @@
     exe = TritonExecutable(graph, device="cuda")     # or "interp": Triton's interpreter on the CPU
     outputs = exe({"x": x})                           # dict of named numpy arrays
     for names, source in kernel_sources(graph): print(source)
+    kernel_listing(graph)                             # nodes, template, launch config, source
     set_launch(graph, "matmul0", BLOCK_M=64, num_warps=8); verify_launch(graph)
     autotune(graph, {"x": x})                         # writes the fastest configs onto the nodes
 
@@ -15,9 +16,9 @@ configuration rules; executor.py runs the graph; autotune.py tunes the configura
 aot.py compiles every kernel of a graph for a CUDA GPU without one.
 """
 from .autotune import autotune
-from .executor import TritonExecutable, kernel_sources
+from .executor import TritonExecutable, kernel_listing, kernel_sources
 from .launch import set_launch, verify_launch
-from .listing import KernelListing
+from .listing import KernelListing, ListedKernel
 from .templates import supported_ops, supports
 
-__all__ = ["KernelListing", "TritonExecutable", "autotune", "kernel_sources", "set_launch", "supported_ops", "supports", "verify_launch"]
+__all__ = ["KernelListing", "ListedKernel", "TritonExecutable", "autotune", "kernel_listing", "kernel_sources", "set_launch", "supported_ops", "supports", "verify_launch"]

@@ -1,8 +1,10 @@
 """Optional autotuning: time a few launch configurations per kernel on real inputs and write
 the fastest back onto the graph's nodes (`node.launch`), where it stays as data.
 
-Candidates are derived from the defaults (halved and doubled blocks, other warps and stages);
-each is verified (launch.check) before it is timed, so a tuned graph always verifies. Timings
+Candidates are the kernel's current configuration (defaults and any user setting) and its
+neighbours (halved and doubled blocks, other warps and stages), nearest first, so a small
+`limit` still tries the current one and single changes to it. Each is verified (launch.check)
+before it is timed, so a tuned graph always verifies. Timings
 use the kernel alone, on the buffers of one run of the whole graph. Under the interpreter the
 timings mean nothing (the mechanism is what the tests check); on a GPU each candidate runs
 `repeats` times after one warm-up launch, synchronized.
@@ -21,24 +23,37 @@ from .launch import check, defaults
 MATMUL_KINDS = ("matmul", "conv")
 
 
-def candidates(base: dict[str, Any], kind: str, limit: int = 12) -> list[dict[str, Any]]:
-    """Configurations near `base`: blocks x1/2 and x2, warps 4/8, stages 2..4 (matmul, conv);
-    BLOCK x1/2..x4 and warps 2..8 for the others."""
+def candidates(base: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    """Configurations near `base`, nearest first: `base` itself, then those that change one
+    setting, then two, and so on. Blocks x1/2 and x2, warps 4/8, stages 2..4 (matmul, conv);
+    BLOCK x1/2..x4 and warps 2..8 for the others. Not yet checked against the kernel."""
     if kind in MATMUL_KINDS:
-        blocks = [[base[k] // 2, base[k], base[k] * 2] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")]
-        options = itertools.product(*blocks, (4, 8), (2, 3, 4))
-        found = [{**base, "BLOCK_M": m, "BLOCK_N": n, "BLOCK_K": k, "num_warps": w, "num_stages": s}
-                 for m, n, k, w, s in options]
+        axes: dict[str, tuple[Any, ...]] = {k: (base[k] // 2, base[k], base[k] * 2) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")}
+        axes |= {"num_warps": (4, 8), "num_stages": (2, 3, 4)}
     else:
-        found = [{**base, "BLOCK": b, "num_warps": w}
-                 for b, w in itertools.product((base["BLOCK"], base["BLOCK"] * 2, base["BLOCK"] * 4,
-                                                max(1, base["BLOCK"] // 2)), (2, 4, 8))]
-    found.sort(key=lambda c: c != base)
-    unique = []
+        axes = {"BLOCK": (max(1, base["BLOCK"] // 2), base["BLOCK"], base["BLOCK"] * 2, base["BLOCK"] * 4),
+                "num_warps": (2, 4, 8)}
+    found = [base] + [{**base, **dict(zip(axes, values))} for values in itertools.product(*axes.values())]
+    found.sort(key=lambda c: sum(c[k] != base.get(k) for k in axes))  # stable: base stays first
+    unique: list[dict[str, Any]] = []
     for c in found:
         if c not in unique:
             unique.append(c)
-    return unique[:limit]
+    return unique
+
+
+def _valid(graph: Graph, group: Any, configs: list[dict[str, Any]], limit: int) -> list[dict[str, Any]]:
+    """The first `limit` configurations the kernel accepts (launch.check)."""
+    valid = []
+    for cfg in configs:
+        try:
+            check(graph, group, cfg)
+        except VerifyError:
+            continue
+        valid.append(cfg)
+        if len(valid) == limit:
+            break
+    return valid
 
 
 def autotune(graph: Graph, feeds: Mapping[str, Any], *, device: str = "cuda", repeats: int = 10,
@@ -57,11 +72,8 @@ def autotune(graph: Graph, feeds: Mapping[str, Any], *, device: str = "cuda", re
         group = step.group
         args = [buffers[v] for v in step.ins]
         best: tuple[float, dict[str, Any]] | None = None
-        for cfg in candidates(defaults(graph, group) | (group.anchor.launch or {}), group.kind, limit):
-            try:
-                check(graph, group, cfg)
-            except VerifyError:
-                continue
+        base = defaults(graph, group) | (group.anchor.launch or {})
+        for cfg in _valid(graph, group, candidates(base, group.kind), limit):
             step.run(args, cfg)  # warm-up (and compile)
             if exe.kind == "cuda":
                 torch.cuda.synchronize()

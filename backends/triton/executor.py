@@ -75,6 +75,7 @@ from . import codegen
 from .fusion import Group
 from .indexing import physical_shape
 from .launch import config as launch_config, kernel_groups, verify_launch
+from .listing import KernelListing, ListedKernel
 from .specialize import specialize
 from .templates import TEMPLATES, static_result
 
@@ -117,14 +118,30 @@ def plan_group(graph: Graph, group: Group) -> codegen.KernelPlan:
         config=launch_config(graph, group))
 
 
-def kernel_sources(graph: Graph, *, fuse: bool = True,
-                   shapes: Mapping[str, tuple[int, ...]] | None = None) -> list[tuple[list[str], str]]:
-    """(node names, generated source) of every kernel the graph runs, in launch order;
-    `shapes` (input name -> shape) specializes a graph with symbolic dims first."""
+def kernel_plans(graph: Graph, *, fuse: bool = True,
+                 shapes: Mapping[str, tuple[int, ...]] | None = None) -> list[codegen.KernelPlan]:
+    """Every kernel the graph runs, in launch order; `shapes` (input name -> shape)
+    specializes a graph with symbolic dims first."""
     if shapes is not None:
         graph = specialize(graph, shapes)
-    return [(plan.nodes, plan.source) for plan in
-            (plan_group(graph, g) for g in kernel_groups(graph, fuse) if g.kind in TEMPLATES)]
+    return [plan_group(graph, g) for g in kernel_groups(graph, fuse) if g.kind in TEMPLATES]
+
+
+def kernel_sources(graph: Graph, *, fuse: bool = True,
+                   shapes: Mapping[str, tuple[int, ...]] | None = None) -> list[tuple[list[str], str]]:
+    """(node names, generated source) of every kernel the graph runs, in launch order."""
+    return [(plan.nodes, plan.source) for plan in kernel_plans(graph, fuse=fuse, shapes=shapes)]
+
+
+def kernel_listing(graph: Graph, *, fuse: bool = True,
+                   shapes: Mapping[str, tuple[int, ...]] | None = None) -> KernelListing:
+    """Every kernel the graph runs with its nodes, template, launch configuration and source;
+    a configuration the executor would refuse raises VerifyError here too."""
+    if shapes is not None:
+        graph = specialize(graph, shapes)
+    verify_launch(graph, fuse)
+    return KernelListing([ListedKernel(plan.nodes, plan.kind, dict(plan.config), plan.source)
+                          for plan in kernel_plans(graph, fuse=fuse)])
 
 
 DEVICE_NOTES = {

@@ -39,7 +39,7 @@ def kernel_manager(folder: Path) -> KernelManager:
 
 def test_there_are_notebooks():
     assert {p.name for p in PATHS} >= {"01_optimize_onnx.ipynb", "02_torch_compile.ipynb", "03_custom_target.ipynb",
-                                       "04_devices.ipynb"}
+                                       "04_devices.ipynb", "05_triton_kernels.ipynb"}
 
 
 @pytest.mark.parametrize("path", PATHS, ids=[p.stem for p in PATHS])

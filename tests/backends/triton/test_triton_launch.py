@@ -117,6 +117,27 @@ def test_autotune_writes_verified_choices_onto_the_nodes(kit):
     np.testing.assert_allclose(TritonExecutable(g, device="interp")(feeds)["y"], before, rtol=1e-5, atol=1e-6)
 
 
+def test_autotune_tries_the_current_configuration_and_its_nearest_neighbours_first(kit):
+    """A user's configuration outside the candidate grid (2 warps) is still tried, and a small
+    limit spends its tries on single changes to it, not on configurations the kernel refuses
+    (a 16-row block halved is below tl.dot's 16)."""
+    from tilefold.backends.triton import autotune
+    from tilefold.backends.triton.autotune import candidates
+
+    base = {"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8, "num_warps": 2, "num_stages": 3}
+    near = candidates(base, "matmul")
+    assert near[0] == base and len(near) == len({tuple(sorted(c.items())) for c in near})
+    changed = [sum(c[k] != base[k] for k in base) for c in near]
+    assert changed == sorted(changed) and changed[1] == 1
+
+    g, feeds, _ = _mlp_graph(kit)
+    set_launch(g, "mm", BLOCK_M=16, BLOCK_N=32, num_warps=2)
+    chosen = autotune(g, feeds, device="interp", limit=2)
+    assert set(chosen) == {"mm", "softmax"}
+    assert chosen["mm"]["BLOCK_M"] >= 16
+    verify_launch(g)
+
+
 def test_configuration_travels_in_the_optimized_onnx_file(tmp_path):
     """Launch data written by `tilefold.save` comes back with `tilefold.load`, and a bad value
     edited into the file is rejected when the graph is compiled."""
