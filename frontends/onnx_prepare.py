@@ -1,7 +1,8 @@
 """Bringing a parsed ONNX model to tilefold's canonical form with onnx's own tools.
 
-onnx.checker validates it, onnx.inliner expands model-local functions,
-onnx.version_converter upgrades (or downgrades) it to opset `CANONICAL_OPSET`, and onnx
+onnx.checker validates it, onnx.inliner expands model-local functions (and ops newer than
+opset 21 into their schemas' function bodies, onnx_functions.py), onnx.version_converter
+upgrades (or downgrades) it to opset `CANONICAL_OPSET`, and onnx
 shape inference (with data propagation) types every value it can.
 
 Those tools are C++ behind a serialized protobuf, which cannot exceed 2 GB. So they run
@@ -13,7 +14,6 @@ more than 2 GB there fails with a one-line ModelError from the checker.
 """
 from __future__ import annotations
 
-import re
 from typing import Collection
 
 import onnx
@@ -22,7 +22,8 @@ from onnx import helper, inliner, shape_inference, version_converter
 from ..graph.errors import ModelError, UnsupportedOpError
 from ..graph.registry import CANONICAL_OPSET
 from .onnx_fold import folded_values, static_shapes, without_folded_nodes
-from .onnx_read import node_label
+from .onnx_functions import expand_newer_ops
+from .onnx_read import checker_message, node_label
 from .onnx_values import DEFAULT_DOMAINS
 
 MIN_OPSET = 9
@@ -32,8 +33,6 @@ shape-inferred: those steps serialize the whole model, never need a weight's val
 small shape, axes and index constants, kept), and took a third of ResNet-50's load time
 with its weights in (0.16 s against 0.14 s without)."""
 FOLD_ROUNDS = 4
-# `/project/onnx/.../convert.h:96: assertInVersionRange: Assertion `...` failed: ` before onnx's message
-_SOURCE_PREFIX = re.compile(r"^(\S+\.(h|cc|cpp):\d+:\s*)?(.*?Assertion `.*` failed:\s*)?")
 
 
 def default_opset(model: onnx.ModelProto) -> int | None:
@@ -58,7 +57,10 @@ def prepare(
     check(light, label)
     if light.functions:
         light = _inline(light, label)
-    reject_subgraphs(light.graph, label)
+    version = default_opset(light)
+    if version is not None and version > CANONICAL_OPSET:
+        light = expand_newer_ops(light, version, label)
+    reject_subgraphs(light.graph, label)  # after the expansion: a function body may hold a Scan
     light = convert(light, label)
     name_unknown_input_dims(light)
     return infer_shapes(light, label), large
@@ -136,16 +138,6 @@ def check_declarations(graph: onnx.GraphProto, label: str) -> None:
                 raise ModelError(f"{subject} declares no element type")
             if kind == "input" and not info.type.tensor_type.HasField("shape"):
                 raise ModelError(f"{subject} declares no shape: tilefold needs at least its rank")
-
-
-def checker_message(exc: BaseException) -> str:
-    """The first line of an onnx error plus its `==> Context:` line, when it has one."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    if not lines:
-        return type(exc).__name__
-    lines[0] = _SOURCE_PREFIX.sub("", lines[0])
-    context = [line.removeprefix("==> Context:").strip() for line in lines[1:] if line.startswith("==> Context:")]
-    return lines[0] + (f" ({context[0]})" if context else "")
 
 
 def reject_subgraphs(graph: onnx.GraphProto, label: str) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import heapq
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -223,6 +224,20 @@ _SUB_BYTE = {
 
 
 # ---- wiring ---------------------------------------------------------------------------------
+
+
+# `/project/onnx/.../convert.h:96: assertInVersionRange: Assertion `...` failed: ` before onnx's message
+_SOURCE_PREFIX = re.compile(r"^(\S+\.(h|cc|cpp):\d+:\s*)?(.*?Assertion `.*` failed:\s*)?")
+
+
+def checker_message(exc: BaseException) -> str:
+    """The first line of an onnx error plus its `==> Context:` line, when it has one."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    lines[0] = _SOURCE_PREFIX.sub("", lines[0])
+    context = [line.removeprefix("==> Context:").strip() for line in lines[1:] if line.startswith("==> Context:")]
+    return lines[0] + (f" ({context[0]})" if context else "")
 
 
 def node_label(node: onnx.NodeProto, index: int) -> str:

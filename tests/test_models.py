@@ -175,3 +175,47 @@ def test_exported_models_carry_the_eager_modules_weights() -> None:
         out = models.bert_torch()(*(torch.from_numpy(feeds[k]) for k in models.BERT_INPUTS))
     for got, ref in zip((out.last_hidden_state, out.pooler_output), expected.values()):
         np.testing.assert_allclose(got.numpy(), ref, rtol=RTOL, atol=ATOL_SCALE * np.abs(ref).max())
+
+
+@pytest.mark.slow
+def test_a_llama_exported_at_opset_23_runs_its_rms_norms_and_attention_as_older_ops(tmp_path: Path) -> None:
+    """torch.onnx writes RMSNormalization and Attention (grouped-query, causal) at opset 23; tilefold
+    expands them into their ONNX functions and matches onnxruntime's native kernels, plain and
+    optimized, and the layouts come out as for the same model exported at the default opset."""
+    import torch
+    import transformers
+
+    config = transformers.LlamaConfig(vocab_size=120, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, use_cache=False)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(5)
+        llama = transformers.LlamaForCausalLM(config).eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.llama = llama
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.llama(input_ids=ids, use_cache=False).logits
+
+    ids = np.random.default_rng(10).integers(0, 120, (1, 16)).astype(np.int64)
+    paths = {}
+    for opset in (20, 23):
+        with torch.no_grad():
+            program = torch.onnx.export(Logits(), (torch.from_numpy(ids),), dynamo=True, opset_version=opset, verbose=False)
+        paths[opset] = tmp_path / f"llama{opset}.onnx"
+        program.save(str(paths[opset]))
+    ops23 = {n.op_type for n in onnx.load(paths[23]).graph.node}
+    assert {"RMSNormalization", "Attention"} <= ops23
+    (name,) = [i.name for i in onnx.load(paths[23]).graph.input]
+    feeds = {name: ids}
+    expected = onnxruntime_outputs(paths[23], feeds)
+    graph = tilefold.load(paths[23])
+    for g in (graph, tilefold.optimize(graph, "cpu").graph, tilefold.optimize(graph, "gpu").graph):
+        exe = tilefold.compile(g)
+        assert exe.fallback_nodes == []
+        assert_close_to_scale(exe(feeds), expected)
+    for target in ("cpu", "gpu"):
+        counts = [tilefold.optimize(paths[opset], target).report.to_dict()["layout_ops_after"] for opset in (20, 23)]
+        assert counts[1] <= counts[0], (target, counts)
