@@ -145,7 +145,13 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         write_outputs(outputs, args.output_dir)
         console.print(f"wrote {len(outputs)} output(s) to {args.output_dir}")
     if args.compare:
-        reference = run_onnxruntime(args.model, feeds)
+        literal = quantized(args.model)
+        if literal:
+            console.print("[yellow]a quantized (QDQ) model: compared with onnxruntime's graph optimizations off, "
+                          "so that it runs the QuantizeLinear/DequantizeLinear ops as written (its fused integer "
+                          "kernels round differently); a value at a rounding boundary may still land one "
+                          "quantization step apart (--atol)[/yellow]")
+        reference = run_onnxruntime(args.model, feeds, literal=literal)
         ok = _compare(console, outputs, reference, args.rtol, args.atol)
         return 0 if ok else EXIT_MISMATCH
     return 0
@@ -178,11 +184,26 @@ def make_inputs(graph: Graph, files: dict[str, str], dims: dict[str, int], seed:
     return feeds
 
 
-def run_onnxruntime(model: str | os.PathLike, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
+
+
+def quantized(model: str | os.PathLike) -> bool:
+    """Whether the model holds QuantizeLinear or DequantizeLinear nodes (read without its weights)."""
+    import onnx
+
+    return any(n.op_type in QDQ_OPS for n in onnx.load(str(model), load_external_data=False).graph.node)
+
+
+def run_onnxruntime(model: str | os.PathLike, feeds: dict[str, np.ndarray], *, literal: bool = False
+                    ) -> dict[str, np.ndarray]:
+    """onnxruntime's outputs; `literal` turns its graph optimizations off, so that it runs each
+    node as written (a QDQ model's fused integer kernels round differently from its ops)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    if literal:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
         session = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own exception types

@@ -7,6 +7,7 @@
   (no download), exported with `torch.onnx.export(dynamo=True)` and cached on disk;
   `resnet50_torch()` / `bert_torch()` build the identical eager modules.
 - `light_model(name, random_weights=...)`: the model-zoo architectures shipped with onnx.
+- `qdq_cnn_model()`: a quantized (QuantizeLinear/DequantizeLinear) conv stack, exact in float32.
 
     python -m tilefold.bench.models mlp --out build/mlp.onnx
     python -m tilefold.bench.models resnet50 --out build/
@@ -116,6 +117,43 @@ def mlp(
 ) -> Path:
     """Write `mlp_model(...)` to `path` (checked, atomically); returns the path."""
     return save_model(mlp_model(batch=batch, sizes=sizes, seed=seed, opset=opset, gemm=gemm), path)
+
+
+def qdq_cnn_model(*, channels: int = 32, size: int = 8, batch: int = 2, seed: int = 0) -> onnx.ModelProto:
+    """A quantized ("QDQ") conv stack as quantization tools write it: `x -> Q/DQ (per tensor,
+    int8) -> conv 3x3 (int8 weights, per-output-channel DequantizeLinear) -> Relu -> Q/DQ (per
+    channel, uint8) -> conv 1x1 -> y`. Weights, inputs' scales and zero points are small
+    integers and powers of two, so every float sum is exact (integer inputs give outputs that
+    any correct runtime reproduces bit for bit)."""
+    rng = np.random.default_rng(seed)
+    node = helper.make_node
+
+    def pow2(n: int, low: int, high: int) -> np.ndarray:
+        return (2.0 ** rng.integers(low, high + 1, n)).astype(np.float32)
+
+    nodes = [
+        node("QuantizeLinear", ["x", "s_in", "z_in"], ["xq"], name="quant_in"),
+        node("DequantizeLinear", ["xq", "s_in", "z_in"], ["xd"], name="dequant_in"),
+        node("DequantizeLinear", ["w0q", "s_w0", "z_w0"], ["w0"], name="dequant_w0", axis=0),
+        node("Conv", ["xd", "w0", "b0"], ["c0"], name="conv0", pads=[1, 1, 1, 1]),
+        node("Relu", ["c0"], ["r0"], name="relu0"),
+        node("QuantizeLinear", ["r0", "s_mid", "z_mid"], ["mq"], name="quant_mid", axis=1),
+        node("DequantizeLinear", ["mq", "s_mid", "z_mid"], ["md"], name="dequant_mid", axis=1),
+        node("DequantizeLinear", ["w1q", "s_w1"], ["w1"], name="dequant_w1", axis=0),
+        node("Conv", ["md", "w1"], ["y"], name="conv1"),
+    ]
+    weights = {
+        "s_in": np.array(0.5, np.float32), "z_in": np.array(0, np.int8),
+        "w0q": rng.integers(-3, 4, (channels, 3, 3, 3)).astype(np.int8), "s_w0": pow2(channels, -1, 1),
+        "z_w0": np.zeros(channels, np.int8), "b0": rng.integers(-4, 5, channels).astype(np.float32),
+        "s_mid": pow2(channels, 0, 2), "z_mid": rng.integers(0, 8, channels).astype(np.uint8),
+        "w1q": rng.integers(-3, 4, (8, channels, 1, 1)).astype(np.int8), "s_w1": pow2(8, -2, 0),
+    }
+    graph = helper.make_graph(
+        nodes, "qdq_cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 8, size, size])],
+        [numpy_helper.from_array(a, n) for n, a in weights.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], producer_name="tilefold.bench")
 
 
 UPSAMPLINGS = ("nearest", "linear", "cubic", "gathers")
@@ -307,6 +345,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--channels", type=int, default=32)
     p.add_argument("--size", type=int, default=8, help="input height and width (even)")
     p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("qdq", help="a quantized (QDQ) conv stack, exact in float32")
+    p.add_argument("--out", required=True, help="the .onnx file to write")
+    p.add_argument("--channels", type=int, default=32)
+    p.add_argument("--size", type=int, default=8, help="input height and width")
+    p.add_argument("--seed", type=int, default=0)
     for name, what in (("resnet50", "transformers ResNet-50"), ("bert", "transformers BERT-base"),
                        ("mobilenet_v2", "transformers MobileNetV2")):
         p = sub.add_parser(name, help=f"{what}, random weights, exported with torch.onnx")
@@ -327,6 +370,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.model == "unet":
         path = save_model(unet_model(channels=args.channels, size=args.size, upsample=args.upsample,
                                      seed=args.seed), args.out)
+    elif args.model == "qdq":
+        path = save_model(qdq_cnn_model(channels=args.channels, size=args.size, seed=args.seed), args.out)
     elif args.model == "resnet50":
         path = resnet50(args.out)
     elif args.model == "bert":

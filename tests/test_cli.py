@@ -99,3 +99,16 @@ def test_console_script_is_installed(model_path):
     path, _, _ = model_path
     done = subprocess.run([sys.executable, "-m", "tilefold.cli", "inspect", str(path)], capture_output=True, text=True)
     assert done.returncode == 0 and "Tanh" in done.stdout
+
+
+def test_compare_runs_a_quantized_model_as_written_in_onnxruntime(tmp_path, capsys):
+    """onnxruntime's fused integer kernels round a QDQ model's arithmetic differently; with its
+    graph optimizations off it runs the QuantizeLinear/DequantizeLinear nodes as tilefold does."""
+    from tilefold.bench.models import qdq_cnn_model
+
+    path = tmp_path / "qdq.onnx"
+    onnx.save(qdq_cnn_model(), path)
+    assert main(["run", str(path), "--compare", "onnxruntime", "--atol", "0", "--rtol", "0"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "a quantized (QDQ) model: compared with onnxruntime's graph optimizations off" in text
+    assert "match" in text and "MISMATCH" not in text

@@ -219,3 +219,50 @@ def test_a_llama_exported_at_opset_23_runs_its_rms_norms_and_attention_as_older_
     for target in ("cpu", "gpu"):
         counts = [tilefold.optimize(paths[opset], target).report.to_dict()["layout_ops_after"] for opset in (20, 23)]
         assert counts[1] <= counts[0], (target, counts)
+
+
+@pytest.mark.slow
+def test_squeezenet_quantized_by_onnxruntime_runs_on_the_conv_layouts(tmp_path: Path) -> None:
+    """SqueezeNet (random weights) quantized to QDQ form by onnxruntime's static quantizer
+    (int8 weights per channel, uint8 activations): tilefold runs its QuantizeLinear and
+    DequantizeLinear nodes as onnxruntime does with graph optimizations off (its fused integer
+    kernels round differently), at most one output quantization step apart where a float sum
+    lands on a rounding boundary; optimized for either target, no runtime layout op is left
+    but the gpu target's output unpack, as for the float model."""
+    from onnx import version_converter
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    source = version_converter.convert_version(models.light_model("squeezenet", random_weights=True), 17)
+    source.ir_version = 8
+    float_path, qdq_path = tmp_path / "squeezenet.onnx", tmp_path / "squeezenet.qdq.onnx"
+    onnx.save(source, float_path)
+    (info,) = models.data_inputs(source)
+    shape = models.static_shape(info)
+    rng = np.random.default_rng(12)
+
+    class Calibration(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.left = 3
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            self.left -= 1
+            return {info.name: rng.standard_normal(shape).astype(np.float32)} if self.left >= 0 else None
+
+    quantize_static(str(float_path), str(qdq_path), Calibration(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    feeds = {info.name: rng.standard_normal(shape).astype(np.float32)}
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(qdq_path), options, providers=["CPUExecutionProvider"])
+    (want,) = session.run(None, feeds)
+    graph = tilefold.load(qdq_path)
+    assert sum(n.op == "QuantizeLinear" for n in graph.nodes()) > 20
+    last_step = 1 / 255  # the softmax output's quantization step (uint8 over [0, 1])
+    for target, left in ((None, 0), ("cpu", 0), ("gpu", 1)):
+        g = graph if target is None else tilefold.optimize(graph, target).graph
+        exe = tilefold.compile(g)
+        assert exe.fallback_nodes == []
+        (got,) = exe(feeds).values()
+        np.testing.assert_allclose(got, want, rtol=0, atol=1.01 * last_step)
+        if target is not None:
+            assert tilefold.optimize(graph, target).report.to_dict()["layout_ops_after"] == left

@@ -261,6 +261,39 @@ PER_CHANNEL: dict[str, frozenset[int]] = {"BatchNormalization": frozenset({1, 2,
 operands), not numpy-broadcast ones."""
 
 
+def _quantize(a: list[str], node: Node, consts: list[Any]) -> str | None:
+    """As the NumPy kernel: x / scale rounded half to even, plus the zero point, saturated
+    (NaN to the lowest value), in the result's integer type."""
+    out = node.outputs[0].dtype
+    info = np.iinfo(out)
+    q = f"libm.rint({a[0]} / {a[1]})"
+    if len(a) > 2 and a[2] != "None":
+        q = f"({q} + {a[2]}.to(tl.float32))"
+    return f"libm.saturate({q}, {float(info.min)!r}, {float(info.max)!r}).to({triton_dtype(out)})"
+
+
+def _dequantize(a: list[str], node: Node, consts: list[Any]) -> str:
+    """(x - zero point) in float32, times the scale."""
+    x = f"{a[0]}.to(tl.float32)"
+    if len(a) > 2 and a[2] != "None":
+        x = f"({x} - {a[2]}.to(tl.float32))"
+    return f"{x} * {a[1]}"
+
+
+QDQ: dict[str, Expr] = {"QuantizeLinear": _quantize, "DequantizeLinear": _dequantize}
+"""Ops converting between float32 and an integer type, through a scale and zero point per
+tensor or per axis (per-axis ones read along `axis`, not numpy-broadcast)."""
+OPS.update(QDQ)
+
+
+def _qdq_ok(graph: Graph, node: Node) -> bool:
+    """float32 data and scales, unblocked (blocked scales and float16 division stay on the NumPy backend)."""
+    values = graph.inputs_of(node.name)
+    floats = [graph.type_of(v) for v in values[:2]] + [node.outputs[0]]
+    return not node.attrs.get("block_size") and all(
+        t.dtype == np.float32 for t in floats if t.dtype.kind == "f") and graph.type_of(values[1]).rank <= 1
+
+
 TYPE_ONLY: dict[str, frozenset[int]] = {"CastLike": frozenset({1})}
 """Op -> input slots that give only a dtype (CastLike's `like`, of any shape, empty too):
 never loaded."""
@@ -269,9 +302,13 @@ CASTS = frozenset({"Cast", "CastLike"})
 """Ops that take any integer operand (converted once, exactly), not just int32 and int64."""
 
 
-def operand_dims(node: Node, slot: int, rank: int) -> tuple[int, ...] | None:
+def operand_dims(node: Node, slot: int, rank: int, t: TensorType) -> tuple[int, ...] | None:
     """The result dims an operand spans when it is not numpy-broadcast (None when it is)."""
-    return (1,) if slot in PER_CHANNEL.get(node.op, ()) and rank >= 2 else None
+    if slot in PER_CHANNEL.get(node.op, ()) and rank >= 2:
+        return (1,)
+    if node.op in QDQ and slot > 0 and t.rank == 1 and t.shape[0] != 1:
+        return (int(node.attrs.get("axis", 1)) % rank,)
+    return None
 
 
 INTEGER_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Sum", "Neg", "Abs", "Clip", "Max", "Min", "Where", "Equal",
@@ -295,7 +332,10 @@ def supports(graph: Graph, node: Node) -> bool:
     if not value_ok(out) or not all((value_ok(t) or (t.is_static and t.dtype.kind in cast_from))
                                     and t.rank <= out.rank for t in types):
         return False
-    if node.op not in INTEGER_OPS and any(is_integer(t) for t in (out, *types)):
+    if node.op in QDQ:
+        if not _qdq_ok(graph, node):
+            return False
+    elif node.op not in INTEGER_OPS and any(is_integer(t) for t in (out, *types)):
         return False
     if node.op in PER_CHANNEL and not all(
             v is None or graph.type_of(v).rank == 1 for k, v in enumerate(values) if k in PER_CHANNEL[node.op]):
@@ -356,7 +396,7 @@ def emit_chain(graph: Graph, nodes: Sequence[Node], load: Loader, env: dict[Valu
         rank = len(node.outputs[0].shape)
         unread = TYPE_ONLY.get(node.op, frozenset())
         args = ["None" if v is None or slot in unread else env[v] if v in env
-                else load(v, operand_dims(node, slot, rank)) for slot, v in enumerate(values)]
+                else load(v, operand_dims(node, slot, rank, graph.type_of(v))) for slot, v in enumerate(values)]
         consts = [graph.constant_value(v) for v in values]
         expr = OPS[node.op](args, node, consts)
         assert expr is not None, node

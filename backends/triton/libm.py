@@ -117,6 +117,12 @@ def rint(x):
 
 
 @triton.jit
+def saturate(q, low, high):
+    """q clamped to [low, high], NaN to low: QuantizeLinear's saturation, as the NumPy kernel's fmax/fmin."""
+    return tl.where(q != q, low, tl.minimum(tl.maximum(q, low), high))
+
+
+@triton.jit
 def _exponent(w):
     """The biased exponent field of a non-negative float64."""
     return w.to(tl.int64, bitcast=True) >> 52

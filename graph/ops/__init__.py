@@ -2,10 +2,10 @@
 
 Modules by family: core (graph structure), elementwise, linalg (the anchors), nn
 (normalizations, softmax, pooling), reduce, tensor (data movement), indexing (gathers,
-shape-producing ops), resize.
+shape-producing ops), resize, quantize (QDQ).
 """
 from . import core  # noqa: F401
-from . import elementwise, indexing, layout, linalg, nn, reduce, resize, tensor  # noqa: F401
+from . import elementwise, indexing, layout, linalg, nn, quantize, reduce, resize, tensor  # noqa: F401
 
 ONNX_OPS: frozenset[str] = frozenset("""
 Relu LeakyRelu Sigmoid HardSigmoid HardSwish Tanh Erf Gelu Softplus Elu Sqrt Exp Log Neg Abs
@@ -20,6 +20,7 @@ ReduceSumSquare ArgMax ArgMin TopK
 Reshape Flatten Transpose Squeeze Unsqueeze Expand Concat Split Slice Gather GatherElements
 GatherND Tile Pad Shape Size ConstantOfShape Range Trilu CumSum Resize
 ScatterElements ScatterND DepthToSpace SpaceToDepth OneHot Einsum EyeLike NonZero
+QuantizeLinear DequantizeLinear
 """.split())
 """The ONNX ops (default domain, opset 21 semantics) that tilefold registers and runs
 natively; any other ONNX op becomes an OnnxReference node."""

@@ -1,2 +1,2 @@
 """NumPy kernels, one module per op family; importing this package registers them."""
-from . import elementwise, fallback, linalg, nn, reduce, resize, scatter, tensor  # noqa: F401
+from . import elementwise, fallback, linalg, nn, quantize, reduce, resize, scatter, tensor  # noqa: F401
