@@ -205,7 +205,9 @@ def reshape_perm(src: Sequence[int], dst: Sequence[int], perm: Sequence[int]) ->
     """The outer permutation of a `dst`-shaped view of a buffer holding `src` permuted by
     `perm`, or None when the reshape would need to move data. Reshapes pair groups of src
     dims with groups of dst dims of equal size; each src group must lie contiguous and in
-    order in the buffer (size-1 dims do not count)."""
+    order in the buffer (size-1 dims do not count). A size-1 dst dim is placed right after
+    its logical predecessor (first for dim 0): GQA's repeat of key/value heads unsqueezes a
+    dim after the heads, expands it and merges the two."""
     if int(np.prod(src)) != int(np.prod(dst)):
         return None
     s_dims = [d for d in range(len(src)) if src[d] != 1]
@@ -230,8 +232,11 @@ def reshape_perm(src: Sequence[int], dst: Sequence[int], perm: Sequence[int]) ->
         if [position[d] for d in gs] != list(range(first, first + len(gs))):
             return None
     groups.sort(key=lambda g: position[g[0][0]])
-    ones = [d for d in range(len(dst)) if dst[d] == 1]
-    return tuple(ones + [d for _, gt in groups for d in gt])
+    order = [d for _, gt in groups for d in gt]
+    for d in range(len(dst)):  # a size-1 dim goes where no data moves either way: beside
+        if dst[d] == 1:        # its logical predecessor, which a later merge pairs it with
+            order.insert(order.index(d - 1) + 1 if d else 0, d)
+    return tuple(order)
 
 
 def _strides(shape: Sequence[int]) -> list[int]:

@@ -20,7 +20,8 @@ down as it can go, since its consumers come later in the order):
 4. up: Pack(N(...)) where every user of N packs the same way, by the same mapping run
    backwards, under the same condition.
 5. absorb: a Pack left in front of an anchor whose kernel can read the unpacked operand
-   (a conv reading NCHW, writing NHWC) is folded into the anchor.
+   (a conv reading NCHW, writing NHWC) is folded into the anchor; a Pack left whose encoding
+   is trivial on its shape (one whole tile per matrix) is dropped, its buffer being the same.
 6. transposes: a Transpose moves no data. Its result keeps its input's buffer, with the
    permuted encoding (an Unpack after it then moves down by rule 3), or its producer, an
    anchor, writes the transposed layout (rule 4 into an anchor).
@@ -526,6 +527,18 @@ def fold_or_cancel(graph: Graph, node: Node) -> bool:
     return True
 
 
+def drop_identity_pack(graph: Graph, node: Node) -> bool:
+    """A Pack of a plain value into an encoding that is trivial on its shape (16x16 tiles of a
+    16x16 matrix) writes the same buffer: its readers read the value itself."""
+    value = graph.inputs_of(node.name)[0]
+    out = node.outputs[0]
+    if graph.type_of(value).encoding is not None or not out.is_static or not out.encoding.is_trivial(out.shape):
+        return False
+    graph.replace_all_uses(Value(node.name), value)
+    graph.remove_node(node.name)
+    return True
+
+
 def rewrite_writer(graph: Graph, packed: Value, want: PackedEncoding, target: Target) -> bool:
     """Rule 2b: `packed`, read by nothing but one Unpack, is an anchor's result (through
     Transposes that relabel it, each read once): the anchor writes `want` instead, relabeled
@@ -618,7 +631,8 @@ def _sweep(graph: Graph, target: Target, final: bool) -> bool:
         if node.op in (PACK, UNPACK):
             changed = fold_or_cancel(graph, node)
             if not changed and node.op == PACK:
-                changed = push_up(graph, node, target) or (final and absorb(graph, node, target))
+                changed = push_up(graph, node, target) or (final and (absorb(graph, node, target)
+                                                                       or drop_identity_pack(graph, node)))
             elif not changed and final:
                 changed = write_unpacked(graph, node, target)
         else:

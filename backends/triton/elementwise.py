@@ -287,11 +287,12 @@ OPS.update(QDQ)
 
 
 def _qdq_ok(graph: Graph, node: Node) -> bool:
-    """float32 data and scales, unblocked (blocked scales and float16 division stay on the NumPy backend)."""
+    """float32 data and scales, unblocked. Blocked scales, float16 (divided in float16) and int32
+    data to quantize (divided in float64, as NumPy promotes it) stay on the NumPy backend."""
     values = graph.inputs_of(node.name)
-    floats = [graph.type_of(v) for v in values[:2]] + [node.outputs[0]]
-    return not node.attrs.get("block_size") and all(
-        t.dtype == np.float32 for t in floats if t.dtype.kind == "f") and graph.type_of(values[1]).rank <= 1
+    x, scale = graph.type_of(values[0]), graph.type_of(values[1])
+    data = x if node.op == "QuantizeLinear" else node.outputs[0]
+    return not node.attrs.get("block_size") and scale.rank <= 1 and scale.dtype == data.dtype == np.float32
 
 
 TYPE_ONLY: dict[str, frozenset[int]] = {"CastLike": frozenset({1})}

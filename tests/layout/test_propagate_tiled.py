@@ -231,6 +231,44 @@ def test_attention_heads_split_and_merge_on_tiles():
     assert len(runtime_layout_ops(after)) < len(runtime_layout_ops(before)) // 2
 
 
+def gqa_attention(seq=32, hidden=64, heads=4, kv_heads=2):
+    """Grouped-query attention as Llama exports it: key and value heads repeated to the query
+    heads by Unsqueeze -> Expand -> Reshape (transformers' repeat_kv)."""
+    d, rep = hidden // heads, heads // kv_heads
+    node = helper.make_node
+    nodes = [node("MatMul", ["x", "wq"], ["q"]), node("Reshape", ["q", "split_q"], ["q4"]),
+             node("Transpose", ["q4"], ["qh"], perm=[0, 2, 1, 3])]
+    for name in ("k", "v"):
+        nodes += [node("MatMul", ["x", f"w{name}"], [name]), node("Reshape", [name, "split_kv"], [f"{name}4"]),
+                  node("Transpose", [f"{name}4"], [f"{name}h"], perm=[0, 2, 1, 3]),
+                  node("Unsqueeze", [f"{name}h", "axis2"], [f"{name}u"]),
+                  node("Expand", [f"{name}u", "repeat"], [f"{name}e"]),
+                  node("Reshape", [f"{name}e", "heads"], [f"{name}r"])]
+    nodes += [node("Transpose", ["kr"], ["kt"], perm=[0, 1, 3, 2]), node("MatMul", ["qh", "kt"], ["s"]),
+              node("Softmax", ["s"], ["p"], axis=-1), node("MatMul", ["p", "vr"], ["o"]),
+              node("Transpose", ["o"], ["om"], perm=[0, 2, 1, 3]), node("Reshape", ["om", "merge"], ["m"]),
+              node("MatMul", ["m", "wo"], ["y"])]
+    w = {"wq": (hidden, hidden), "wk": (hidden, kv_heads * d), "wv": (hidden, kv_heads * d), "wo": (hidden, hidden)}
+    weights = {n: (RNG.standard_normal(shape) / 8).astype(np.float32) for n, shape in w.items()}
+    ints = {"split_q": [1, seq, heads, d], "split_kv": [1, seq, kv_heads, d], "axis2": [2],
+            "repeat": [1, kv_heads, rep, seq, d], "heads": [1, heads, seq, d], "merge": [1, seq, hidden]}
+    m = model(nodes, [("x", [1, seq, hidden])], ["y"], weights)
+    m.graph.initializer.extend(numpy_helper.from_array(np.array(v, np.int64), n) for n, v in ints.items())
+    return m
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+@pytest.mark.parametrize("seq", [16, 32])
+def test_grouped_query_attention_repeats_its_key_value_heads_on_their_layout(target, seq):
+    """The repeated dim is placed beside the heads it repeats, so the Reshape merging them
+    relabels the buffer that Expand writes, and no runtime layout op is left. With 16 tokens
+    of 16 per head, a 16x16 tile is the whole matrix: a Pack into it moves nothing and goes."""
+    after = check(gqa_attention(seq=seq), target=target, shape=(1, seq, 64))
+    assert runtime_layout_ops(after) == []
+    if target == "cpu":  # the heads stay inside the sequence rows the projections write
+        assert all(n.outputs[0].encoding is not None for n in after.nodes() if n.op == "Expand")
+
+
 @st.composite
 def reshape_case(draw):
     rank = draw(st.integers(1, 4))
