@@ -203,7 +203,8 @@ def test_a_llama_exported_at_opset_23_runs_its_rms_norms_and_attention_as_older_
     paths = {}
     for opset in (20, 23):
         with torch.no_grad():
-            program = torch.onnx.export(Logits(), (torch.from_numpy(ids),), dynamo=True, opset_version=opset, verbose=False)
+            program = torch.onnx.export(Logits(), (torch.from_numpy(ids),), dynamo=True, opset_version=opset,
+                                        verbose=False)
         paths[opset] = tmp_path / f"llama{opset}.onnx"
         program.save(str(paths[opset]))
     ops23 = {n.op_type for n in onnx.load(paths[23]).graph.node}

@@ -28,7 +28,8 @@ def candidates(base: dict[str, Any], kind: str) -> list[dict[str, Any]]:
     setting, then two, and so on. Blocks x1/2 and x2, warps 4/8, stages 2..4 (matmul, conv);
     BLOCK x1/2..x4 and warps 2..8 for the others. Not yet checked against the kernel."""
     if kind in MATMUL_KINDS:
-        axes: dict[str, tuple[Any, ...]] = {k: (base[k] // 2, base[k], base[k] * 2) for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")}
+        axes: dict[str, tuple[Any, ...]] = {k: (base[k] // 2, base[k], base[k] * 2)
+                                            for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")}
         axes |= {"num_warps": (4, 8), "num_stages": (2, 3, 4)}
     else:
         axes = {"BLOCK": (max(1, base["BLOCK"] // 2), base["BLOCK"], base["BLOCK"] * 2, base["BLOCK"] * 4),

@@ -26,9 +26,11 @@ def test_quantize_saturates_and_rounds_halves_to_even(check, rng, dtype, how):
     x = (rng.standard_normal((2, 6, 5)) * 40).astype(F32)
     x[0, 0, :3] = [0.5, 1.5, -2.5]
     x[1, 1, :2] = [1e6, -1e6]  # past every bound, yet within the reference's int32 cast
-    shape, attrs = {"tensor": ((), {}), "axis": ((6,), {"axis": 1}), "block": ((2, 6, 2), {"axis": 2, "block_size": 3})}[how]
+    shape, attrs = {"tensor": ((), {}), "axis": ((6,), {"axis": 1}),
+                    "block": ((2, 6, 2), {"axis": 2, "block_size": 3})}[how]
     scale = np.ones(shape, F32) if how == "tensor" else _scale(rng, shape)
-    check("QuantizeLinear", [x, scale, _zero(rng, shape, dtype)], attrs, consts={1, 2}, reference="onnx", rtol=0, atol=0)
+    check("QuantizeLinear", [x, scale, _zero(rng, shape, dtype)], attrs, consts={1, 2}, reference="onnx",
+          rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("dtype", [*TYPES, np.int32])
@@ -36,7 +38,8 @@ def test_quantize_saturates_and_rounds_halves_to_even(check, rng, dtype, how):
 def test_dequantize(check, rng, dtype, how):
     info = np.iinfo(dtype)
     x = rng.integers(max(info.min, -1000), min(info.max, 1000) + 1, (3, 4, 5)).astype(dtype)
-    shape, attrs = {"tensor": ((1,), {}), "axis": ((5,), {"axis": -1}), "block": ((2, 4, 5), {"axis": 0, "block_size": 2})}[how]
+    shape, attrs = {"tensor": ((1,), {}), "axis": ((5,), {"axis": -1}),
+                    "block": ((2, 4, 5), {"axis": 0, "block_size": 2})}[how]
     zero = None if dtype == np.int32 else _zero(rng, shape, dtype)
     check("DequantizeLinear", [x, _scale(rng, shape), zero], attrs, consts={1, 2}, reference="onnx", rtol=0, atol=0)
 
