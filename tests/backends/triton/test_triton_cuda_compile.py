@@ -4,7 +4,8 @@ small models and of the dtype and op variants (bool and integer chains, the narr
 unsigned integers, float16, pools, gathers (GatherND too), resizes, splits into several
 results, pads in every mode, bool reductions, scans, the float64 helpers of libm.py,
 remainders, bits and products, OneHot, TopK of every dtype it takes and of a row read in
-pieces, and scatters by store, by atomics and by compare-and-swap on 16- and 32-bit words).
+pieces, scatters by store, by atomics and by compare-and-swap on 16- and 32-bit words, and a
+quantized conv stack's QuantizeLinear/DequantizeLinear in conv epilogues).
 This catches what the interpreter accepts and the compiler does not."""
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 
 import tilefold
 from tilefold.backends.triton.aot import compile_for_cuda
-from tilefold.bench.models import mlp_model
+from tilefold.bench.models import mlp_model, qdq_cnn_model
 from tilefold.graph import Graph
 from tilefold.graph.types import Splat, TensorType, Value
 from tilefold.layout.encoding import PackedEncoding
@@ -224,7 +225,7 @@ def test_generated_kernels_compile_for_the_gpu(kit, capability):
     pytest.importorskip("triton.backends.nvidia")
     graphs = [_variants(kit), _bfloat16_scatters(kit), _small_integers(kit), _long_topk(kit)]
     for model in (mlp_model(batch=5, sizes=(20, 33, 7)), mlp_model(batch=3, sizes=(18, 40, 6), gemm=True),
-                  kit.small_cnn(), kit.tiny_transformer()):
+                  kit.small_cnn(), kit.tiny_transformer(), qdq_cnn_model(channels=24)):
         plain = tilefold.load(model)
         graphs += [plain, tilefold.optimize(plain, "gpu").graph]
     assert sum(compile_for_cuda(g, capability) for g in graphs) >= 50
