@@ -541,8 +541,8 @@ def drop_identity_pack(graph: Graph, node: Node) -> bool:
 
 def rewrite_writer(graph: Graph, packed: Value, want: PackedEncoding, target: Target) -> bool:
     """Rule 2b: `packed`, read by nothing but one Unpack, is an anchor's result (through
-    Transposes that relabel it, each read once): the anchor writes `want` instead, relabeled
-    back through the Transposes, when its kernel can, so that a Pack to `want` after the
+    Transposes and reshapes that relabel it, each read once): the anchor writes `want`
+    instead, relabeled back through them, when its kernel can, so that a Pack to `want` after the
     Unpack cancels. On the gpu target BERT's attention context is then written with the
     heads inside the sequence blocks, and merging the heads (Transpose, Reshape) moves no data."""
     transposes: list[Node] = []
@@ -551,15 +551,21 @@ def rewrite_writer(graph: Graph, packed: Value, want: PackedEncoding, target: Ta
         producer = _producer(graph, v)
         if producer is None or len(graph.users(v)) != 1 or len(producer.outputs) != 1:
             return False
-        if producer.op != "Transpose":
+        if producer.op != "Transpose" and producer.op not in RESHAPES:
             break
         transposes.append(producer)
         v = graph.inputs_of(producer.name)[0]
     encodings = [want]
     for node in transposes:  # from `packed` back to the anchor's result
         t_in = graph.type_of(graph.inputs_of(node.name)[0])
-        perm = transpose_perm(node.attrs, t_in.rank)
-        encodings.append(encodings[-1].permuted(tuple(int(i) for i in np.argsort(perm))))
+        if node.op == "Transpose":
+            perm = transpose_perm(node.attrs, t_in.rank)
+            encodings.append(encodings[-1].permuted(tuple(int(i) for i in np.argsort(perm))))
+            continue
+        back = _reshaped_back(t_in, node.outputs[0], encodings[-1])
+        if back is None:
+            return False
+        encodings.append(back)
     result = producer.outputs[0]
     wanted = TensorType(result.shape, result.dtype, encodings[-1])
     if producer.op not in target.anchors or not result.is_static or wanted.encoding.is_padded(result.shape):
@@ -575,11 +581,25 @@ def rewrite_writer(graph: Graph, packed: Value, want: PackedEncoding, target: Ta
     return True
 
 
+def _reshaped_back(t_in: TensorType, out: TensorType, enc: PackedEncoding) -> PackedEncoding | None:
+    """The encoding a reshape's input needs for its result to be a view in `enc` (identity
+    when `enc` is: a plain reshape is always a view), or None when no encoding does."""
+    if not (t_in.is_static and out.is_static):
+        return None
+    if enc.is_trivial(out.shape):
+        return PackedEncoding((), ())
+    back = reshape_encoding(out.shape, t_in.shape, enc)
+    if back is None or reshape_encoding(t_in.shape, out.shape, back) != canonical(enc, out.shape):
+        return None
+    return back
+
+
 def write_unpacked(graph: Graph, node: Node, target: Target) -> bool:
     """Rule 2b with nothing to cancel: an Unpack of an anchor's result, through Transposes
-    that relabel it, goes when the anchor can write the layout that the Transposes turn into
-    the logical one (on the gpu target, BERT's attention context from PyTorch, whose heads
-    are merged for a Gemm that reads it row-major)."""
+    and reshapes that relabel it, goes when the anchor can write the layout that they turn
+    into the logical one (on the gpu target, BERT's attention context from PyTorch, whose
+    heads are merged for a Gemm that reads it row-major; a 2-D mm's result viewed as
+    (batch, tokens, hidden) for a residual add)."""
     source = graph.inputs_of(node.name)[0]
     if source is None or not rewrite_writer(graph, source, PackedEncoding((), ()), target):
         return False

@@ -269,6 +269,22 @@ def test_grouped_query_attention_repeats_its_key_value_heads_on_their_layout(tar
         assert all(n.outputs[0].encoding is not None for n in after.nodes() if n.op == "Expand")
 
 
+def test_a_2d_matmul_viewed_back_as_tokens_writes_them_plain_for_a_residual_add():
+    """PyTorch's Linear on (1, 16, 64) traces as view (16, 64) -> mm -> view (1, 16, 64): the
+    residual Add reads the plain stream, so the mm writes its result plain through the view
+    instead of the tiles an Unpack after the view would undo."""
+    node = helper.make_node
+    nodes = [node("Relu", ["x"], ["r"]), node("Reshape", ["r", "rows"], ["r2"]), node("MatMul", ["r2", "w"], ["m"]),
+             node("Reshape", ["m", "tokens"], ["m3"]), node("Add", ["m3", "x"], ["y"])]
+    weights = {"w": (RNG.standard_normal((64, 64)) / 8).astype(np.float32)}
+    m = model(nodes, [("x", [1, 16, 64])], ["y"], weights)
+    m.graph.initializer.extend([numpy_helper.from_array(np.array([16, 64], np.int64), "rows"),
+                                numpy_helper.from_array(np.array([1, 16, 64], np.int64), "tokens")])
+    after = check(m, target="gpu", shape=(1, 16, 64))
+    assert not [n for n in after.nodes() if n.op == "Unpack"]
+    assert all(n.outputs[0].encoding is None for n in after.nodes() if n.op in ("MatMul", "Reshape"))
+
+
 @st.composite
 def reshape_case(draw):
     rank = draw(st.integers(1, 4))
