@@ -386,11 +386,18 @@ def reshape_up(graph: Graph, node: Node, enc: PackedEncoding) -> list[Value | No
         return None
     if t.encoding is not None or out.encoding is not None:
         return None
-    wanted = reshape_encoding(out.shape, t.shape, enc)
+    wanted = _view_back(t, out, enc)
     source = _source(graph, inputs[0], wanted) if wanted is not None else False
-    if source is False or reshape_encoding(t.shape, out.shape, wanted) != canonical(enc, out.shape):
+    return None if source is False else [source, *inputs[1:]]
+
+
+def _view_back(t_in: TensorType, out: TensorType, enc: PackedEncoding) -> PackedEncoding | None:
+    """The encoding of a (static) reshape's input whose view in the result's shape is `enc`
+    (`reshape_encoding` run backwards, and checked forwards), or None."""
+    back = reshape_encoding(out.shape, t_in.shape, enc)
+    if back is None or reshape_encoding(t_in.shape, out.shape, back) != canonical(enc, out.shape):
         return None
-    return [source, *inputs[1:]]
+    return back
 
 
 def relabel_transpose(graph: Graph, node: Node, target: Target) -> bool:
@@ -534,8 +541,7 @@ def drop_identity_pack(graph: Graph, node: Node) -> bool:
     out = node.outputs[0]
     if graph.type_of(value).encoding is not None or not out.is_static or not out.encoding.is_trivial(out.shape):
         return False
-    graph.replace_all_uses(Value(node.name), value)
-    graph.remove_node(node.name)
+    _drop(graph, [node], value)
     return True
 
 
@@ -545,7 +551,7 @@ def rewrite_writer(graph: Graph, packed: Value, want: PackedEncoding, target: Ta
     instead, relabeled back through them, when its kernel can, so that a Pack to `want` after the
     Unpack cancels. On the gpu target BERT's attention context is then written with the
     heads inside the sequence blocks, and merging the heads (Transpose, Reshape) moves no data."""
-    transposes: list[Node] = []
+    views: list[Node] = []
     v = packed
     while True:
         producer = _producer(graph, v)
@@ -553,10 +559,10 @@ def rewrite_writer(graph: Graph, packed: Value, want: PackedEncoding, target: Ta
             return False
         if producer.op != "Transpose" and producer.op not in RESHAPES:
             break
-        transposes.append(producer)
+        views.append(producer)
         v = graph.inputs_of(producer.name)[0]
     encodings = [want]
-    for node in transposes:  # from `packed` back to the anchor's result
+    for node in views:  # from `packed` back to the anchor's result
         t_in = graph.type_of(graph.inputs_of(node.name)[0])
         if node.op == "Transpose":
             perm = transpose_perm(node.attrs, t_in.rank)
@@ -575,7 +581,7 @@ def rewrite_writer(graph: Graph, packed: Value, want: PackedEncoding, target: Ta
     if not target.writes(producer, wanted):
         return False
     producer.outputs[0] = TensorType(result.shape, result.dtype, canonical(wanted.encoding, result.shape))
-    for node, enc in zip(transposes, encodings[:-1]):
+    for node, enc in zip(views, encodings[:-1]):
         shape = node.outputs[0].shape
         node.outputs[0] = TensorType(shape, node.outputs[0].dtype, canonical(enc, shape))
     return True
@@ -586,12 +592,7 @@ def _reshaped_back(t_in: TensorType, out: TensorType, enc: PackedEncoding) -> Pa
     when `enc` is: a plain reshape is always a view), or None when no encoding does."""
     if not (t_in.is_static and out.is_static):
         return None
-    if enc.is_trivial(out.shape):
-        return PackedEncoding((), ())
-    back = reshape_encoding(out.shape, t_in.shape, enc)
-    if back is None or reshape_encoding(t_in.shape, out.shape, back) != canonical(enc, out.shape):
-        return None
-    return back
+    return PackedEncoding((), ()) if enc.is_trivial(out.shape) else _view_back(t_in, out, enc)
 
 
 def write_unpacked(graph: Graph, node: Node, target: Target) -> bool:

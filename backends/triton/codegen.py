@@ -77,9 +77,9 @@ class KernelPlan:
 
     `params` are its pointer parameters before the results, in order: graph Values (`inputs`),
     Tables (`tables`) and Flags (`flags`); `outputs` the Values it writes, one per result
-    pointer, in order. `grid(config)` gives the launch grid from the launch configuration, `constexprs(config)`
-    the block sizes passed as `tl.constexpr` arguments; `config` is the group's configuration
-    (launch.config: defaults overridden by the anchor node's `launch`)."""
+    pointer, in order. `grid(config)` gives the launch grid from the launch configuration,
+    `constexprs(config)` the block sizes passed as `tl.constexpr` arguments; `config` is the
+    group's configuration (launch.config: defaults overridden by the anchor node's `launch`)."""
 
     name: str
     kind: str

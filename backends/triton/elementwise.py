@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ...graph.graph import Graph, Node
+from ...graph.ops.quantize import per_tensor
 from ...graph.types import Splat, TensorType, Value
 from .codegen import Table, jit_function
 from .indexing import INTEGERS, NAN, broadcast_index, is_integer, literal, offset, triton_dtype, unravel, value_ok
@@ -307,7 +308,7 @@ def operand_dims(node: Node, slot: int, rank: int, t: TensorType) -> tuple[int, 
     """The result dims an operand spans when it is not numpy-broadcast (None when it is)."""
     if slot in PER_CHANNEL.get(node.op, ()) and rank >= 2:
         return (1,)
-    if node.op in QDQ and slot > 0 and t.rank == 1 and t.shape[0] != 1:
+    if node.op in QDQ and slot > 0 and not per_tensor(t):  # per axis (`supports` refuses blocked scales)
         return (int(node.attrs.get("axis", 1)) % rank,)
     return None
 

@@ -28,9 +28,14 @@ QUANTIZED = frozenset(np.dtype(t) for t in (np.int8, np.uint8, np.int16, np.uint
 """The integer types QuantizeLinear writes (and DequantizeLinear reads, with int32)."""
 
 
+def per_tensor(scale: TensorType) -> bool:
+    """A scalar, or a vector of one element: one scale (or zero point) for the whole tensor."""
+    return scale.rank == 0 or (scale.rank == 1 and scale.shape[0] == 1)
+
+
 def mode(op: str, attrs: dict[str, Any], x: TensorType, scale: TensorType) -> Mode:
     """How the scale applies to `x`; VerifyError when its shape fits no mode."""
-    if scale.rank == 0 or (scale.rank == 1 and scale.shape[0] == 1):
+    if per_tensor(scale):
         return "tensor"
     axis = norm_axis(attrs["axis"], x.rank)
     block = attrs["block_size"]
