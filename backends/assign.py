@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from ..graph.errors import InputError, UnsupportedOpError, VerifyError, where
-from ..graph.graph import CONSTANT, INPUT, OUTPUT, Graph, Node
+from ..graph.graph import CONSTANT, DEQUANTIZED, INPUT, OUTPUT, Graph, Node
 from ..graph.types import Value
 from .devices import HOST, Device, parse_request, present
 
@@ -140,7 +140,8 @@ def split_constants(graph: Graph) -> None:
         if devices:
             node.device = devices[0]
         for other in devices[1:]:
-            copy = graph.add_constant(node.attrs["value"], name=f"{node.name}@{other}", type=node.outputs[0])
+            copy = graph.add_constant(node.attrs["value"], name=f"{node.name}@{other}", type=node.outputs[0],
+                                      dequantized=node.attrs.get(DEQUANTIZED))
             graph.node(copy.node).device = other
             for user, slot in by_device[other]:
                 graph.set_input(user, slot, copy)

@@ -6,7 +6,9 @@ runs, plus model-level `metadata_props`:
   operands and result, JSON): what the file was optimized for, readable by anyone;
 - `tilefold.graph`: the exact tilefold graph as JSON (nodes, attrs, typed outputs with their
   encodings, devices, launch configurations, origins); a constant refers to the initializer
-  that holds its (physical) buffer, so weights are stored once;
+  that holds its (physical) buffer, so weights are stored once; a constant folded from
+  DequantizeLinear refers to its integers instead (`$dequantized`, `$derived`: the file
+  stores the int8 weights, not the floats), and its buffer is computed again when read;
 - `tilefold.fingerprint`: a hash of the ONNX graph's structure when it was written. A file
   edited since (another tool rewrote its nodes) no longer matches, and its annotations are
   ignored: it is then read as the plain ONNX model it is.
@@ -30,8 +32,9 @@ import numpy as np
 import onnx
 
 from ..graph.errors import ModelError, TilefoldError
-from ..graph.graph import Graph, Node
-from ..graph.types import Encoding, Splat, TensorType, Value, freeze
+from ..graph.graph import CONSTANT, DEQUANTIZED, Graph, Node
+from ..graph.ops.quantize import dequantized_buffer
+from ..graph.types import Dequantized, Encoding, Splat, TensorType, Value, freeze
 
 FORMAT = 1
 KEY_GRAPH = "tilefold.graph"
@@ -44,8 +47,14 @@ _PACKAGE = __name__.split(".")[0]
 
 
 # ---- the codec -------------------------------------------------------------------------------
-def encode(value: Any, constant: Callable[[np.ndarray], str] | None = None) -> Any:
-    """A JSON-ready form of an IR value; `constant(array)` names the initializer of a large array."""
+DERIVED = object()
+"""What a constant's value decodes to when the file stores how to compute it instead
+(`$derived`: its `Dequantized` integers); `rebuild_graph` computes it."""
+
+
+def encode(value: Any, constant: Callable[[np.ndarray], str | None] | None = None) -> Any:
+    """A JSON-ready form of an IR value; `constant(array)` names the initializer of a large
+    array, or None for a constant's value that the file holds as its `Dequantized` integers."""
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, (int, float)):
@@ -66,11 +75,15 @@ def encode(value: Any, constant: Callable[[np.ndarray], str] | None = None) -> A
                 "dtype": value.dtype.str}
     if isinstance(value, np.ndarray):
         if constant is not None and value.dtype != object:
-            return {"$init": constant(value)}
+            name = constant(value)
+            return {"$init": name} if name is not None else {"$derived": True}
         if value.dtype == object:
             return {"$objects": [encode(v) for v in value.ravel().tolist()], "shape": list(value.shape)}
         return {"$array": base64.b64encode(np.ascontiguousarray(value).tobytes()).decode("ascii"),
                 "dtype": value.dtype.str, "shape": list(value.shape)}
+    if isinstance(value, Dequantized):
+        return {"$dequantized": {f.name: encode(getattr(value, f.name), constant)
+                                 for f in dataclasses.fields(value)}}
     if isinstance(value, TensorType):
         return {"$type": [encode(value.shape), value.dtype.str, encode(value.encoding)]}
     if dataclasses.is_dataclass(value) and isinstance(value, Encoding):
@@ -102,6 +115,10 @@ def decode(data: Any, initializer: Callable[[str], np.ndarray] | None = None) ->
         if initializer is None:
             raise ModelError(f"annotation refers to initializer {data['$init']!r} where none can be read")
         return freeze(initializer(data["$init"]))
+    if "$derived" in data:
+        return DERIVED
+    if "$dequantized" in data:
+        return Dequantized(**{k: decode(v, initializer) for k, v in data["$dequantized"].items()})
     if "$array" in data:
         raw = base64.b64decode(data["$array"])
         return freeze(np.frombuffer(raw, dtype=np.dtype(data["dtype"])).reshape(data["shape"]).copy())
@@ -132,12 +149,13 @@ def _encoding(path: str, fields: dict[str, Any]) -> Any:
 
 
 # ---- the graph --------------------------------------------------------------------------------
-def graph_record(graph: Graph, constant: Callable[[Node, np.ndarray], str]) -> dict[str, Any]:
-    """The whole graph as JSON-ready data; `constant(node, array)` names a constant's initializer."""
+def graph_record(graph: Graph, constant: Callable[[Node, np.ndarray], str | None]) -> dict[str, Any]:
+    """The whole graph as JSON-ready data; `constant(node, array)` names the initializer of a
+    constant's value or of its `Dequantized` arrays (None: the value is derived from those)."""
     nodes = []
     for node in sorted(graph.nodes(), key=lambda n: n.order):
-        name_array = (lambda a, node=node: constant(node, a)) if node.op == "Constant" else None
-        attrs = {k: encode(v, name_array if k == "value" else None) for k, v in node.attrs.items()}
+        name_array = (lambda a, node=node: constant(node, a)) if node.op == CONSTANT else None
+        attrs = {k: encode(v, name_array if k in ("value", DEQUANTIZED) else None) for k, v in node.attrs.items()}
         nodes.append({
             "name": node.name,
             "op": node.op,
@@ -170,9 +188,12 @@ def rebuild_graph(record: dict[str, Any], initializer: Callable[[str], np.ndarra
     graph = Graph(record["name"])
     nodes = record["nodes"]
     for entry in nodes:
+        outputs = [decode(t) for t in entry["outputs"]]
+        attrs = {k: decode(v, initializer) for k, v in entry["attrs"].items()}
+        if attrs.get("value") is DERIVED:
+            attrs["value"] = freeze(dequantized_buffer(attrs[DEQUANTIZED], outputs[0]))
         node = graph.add_node(
-            entry["op"], [None] * len(entry["inputs"]), [decode(t) for t in entry["outputs"]],
-            {k: decode(v, initializer) for k, v in entry["attrs"].items()},
+            entry["op"], [None] * len(entry["inputs"]), outputs, attrs,
             name=entry["name"], origin=entry["origin"], out_names=entry["out_names"],
         )
         if node.name != entry["name"]:

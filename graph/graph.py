@@ -17,9 +17,11 @@ import networkx as nx
 import numpy as np
 
 from .errors import VerifyError, where
-from .types import ConstValue, Splat, TensorType, Value, freeze, type_of_constant
+from .types import ConstValue, Dequantized, Splat, TensorType, Value, freeze, type_of_constant
 
 INPUT, OUTPUT, CONSTANT = "Input", "Output", "Constant"
+DEQUANTIZED = "dequantized"
+"""A constant's attribute holding the `Dequantized` it was folded from, if any."""
 
 
 @dataclass(eq=False)
@@ -115,13 +117,18 @@ class Graph:
         self.inputs.append(name)
         return Value(name)
 
-    def add_constant(self, value: ConstValue, name: str | None = None, type: TensorType | None = None) -> Value:
+    def add_constant(self, value: ConstValue, name: str | None = None, type: TensorType | None = None,
+                     dequantized: Dequantized | None = None) -> Value:
         """A constant; `type` gives a packed constant its logical shape and encoding
-        (`value` is then the packed buffer, of the encoding's physical shape)."""
+        (`value` is then the packed buffer, of the encoding's physical shape); `dequantized`
+        says how its logical value was computed from integers, where it was."""
         if not isinstance(value, Splat):
             value = freeze(value)
         declared = type if type is not None else type_of_constant(value)
-        node = self.add_node(CONSTANT, [], [declared], {"value": value}, name=name or "const")
+        attrs: dict[str, Any] = {"value": value}
+        if dequantized is not None:
+            attrs[DEQUANTIZED] = dequantized
+        node = self.add_node(CONSTANT, [], [declared], attrs, name=name or "const")
         node.out_names = [node.name]
         return Value(node.name)
 

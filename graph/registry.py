@@ -14,7 +14,7 @@ from typing import Any, Callable, Literal, Sequence
 
 from .errors import UnsupportedOpError, VerifyError, where
 from .signature import Signature
-from .types import ConstValue, TensorType
+from .types import ConstValue, Dequantized, TensorType
 
 CANONICAL_OPSET = 21
 
@@ -57,6 +57,9 @@ class OpDef:
     tiled_windows: bool = False
     """Its kernels index its window dims logically (a tile boundary inside a window is an
     index like any other, padding never read), so layout propagation may tile them."""
+    fold_origin: Callable[[dict[str, Any], list[ConstValue | None]], Dequantized | None] | None = None
+    """(attrs, constant inputs) -> what a constant folded from this op keeps of how it was
+    computed (DequantizeLinear: its integers, as a `Dequantized`), or None."""
     doc: str = ""
 
     def check_arity(self, n: int, node: object) -> None:

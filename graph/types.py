@@ -22,6 +22,10 @@ class Encoding(Protocol):
 
     def validate(self, shape: tuple[Dim, ...]) -> None: ...
 
+    def pack(self, array: np.ndarray) -> np.ndarray:
+        """The packed buffer of a logical array (a reader rebuilds a packed constant with it)."""
+        ...
+
 
 @dataclass(frozen=True)
 class TensorType:
@@ -96,6 +100,34 @@ class Splat:
 
 
 ConstValue = np.ndarray | Splat
+
+
+@dataclass(frozen=True, eq=False)
+class Dequantized:
+    """How a folded constant was computed: ONNX DequantizeLinear of integer `data` (`scale`,
+    `zero_point`, `axis`, `block_size` as on the node). A constant keeps it (its `DEQUANTIZED`
+    attribute) so that a written model stores the integers and the op again, not the floats:
+    a quantized model's int8 weights stay a quarter of the size."""
+
+    data: np.ndarray
+    scale: np.ndarray
+    zero_point: np.ndarray | None
+    axis: int
+    block_size: int
+
+    def __repr__(self) -> str:
+        def brief(a: np.ndarray | None) -> str:
+            return "None" if a is None else f"{a.dtype}[{'x'.join(str(d) for d in a.shape)}]"
+
+        return (f"Dequantized({brief(self.data)}, scale={brief(self.scale)}, zero_point={brief(self.zero_point)}, "
+                f"axis={self.axis}, block_size={self.block_size})")
+
+    def reshaped(self, shape: tuple[int, ...]) -> Dequantized | None:
+        """The same for the value reshaped to `shape`; None where a per-axis or blocked scale
+        would no longer line up."""
+        if self.scale.size != 1:
+            return None
+        return Dequantized(freeze(self.data.reshape(shape)), self.scale, self.zero_point, 0, 0)
 
 
 def as_array(value: ConstValue) -> np.ndarray:

@@ -49,7 +49,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..graph.graph import CONSTANT, INPUT, OUTPUT, Graph, Node
+from ..graph.graph import CONSTANT, DEQUANTIZED, INPUT, OUTPUT, Graph, Node
 from ..graph.passes.cse import cse
 from ..graph.passes.dce import dce
 from ..graph.passes.pipeline import Pass, PassResult, PipelineLog, run_passes
@@ -206,11 +206,13 @@ def _source(graph: Graph, value: Value | None, enc: PackedEncoding | None,
 def _packed_constant(graph: Graph, const: Node, enc: PackedEncoding, shape: tuple[int, ...] | None = None) -> Value:
     value = const.attrs["value"]
     t = const.outputs[0]
+    dequantized = const.attrs.get(DEQUANTIZED)  # the logical value's origin
     if t.encoding is not None:
         value, t = unpack(value, t.encoding, t.shape), TensorType(t.shape, t.dtype)
     if shape is not None:
         value = value.reshape(shape) if isinstance(value, Splat) else np.reshape(value, shape)
         t = TensorType(shape, t.dtype)
+        dequantized = dequantized and dequantized.reshaped(shape)
     padded = t.is_static and enc.is_padded(t.shape)
     if isinstance(value, Splat) and not (padded and enc.pad is not None and enc.pad != value.value):
         stored_enc = enc.with_pad(value.value) if padded else enc
@@ -219,7 +221,7 @@ def _packed_constant(graph: Graph, const: Node, enc: PackedEncoding, shape: tupl
     if padded and enc.pad is None:
         enc = enc.with_pad(0.0)  # what `pack` fills in
     return graph.add_constant(pack(as_array(value), enc), name=f"{const.name}_packed",
-                              type=TensorType(t.shape, t.dtype, enc))
+                              type=TensorType(t.shape, t.dtype, enc), dequantized=dequantized)
 
 
 def _rewrite(graph: Graph, node: Node, mapping: Mapping, sources: list[Value | None]) -> None:
@@ -515,7 +517,8 @@ def fold_or_cancel(graph: Graph, node: Node) -> bool:
         else:
             t = producer.outputs[0]
             replacement = graph.add_constant(unpack(as_array(producer.attrs["value"]), t.encoding, t.shape),
-                                             name=f"{producer.name}_unpacked")
+                                             name=f"{producer.name}_unpacked",
+                                             dequantized=producer.attrs.get(DEQUANTIZED))
     elif node.op == PACK and producer.op == UNPACK:
         packed = graph.inputs_of(producer.name)[0]
         have = graph.type_of(packed).encoding

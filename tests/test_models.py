@@ -229,7 +229,8 @@ def test_squeezenet_quantized_by_onnxruntime_runs_on_the_conv_layouts(tmp_path: 
     DequantizeLinear nodes as onnxruntime does with graph optimizations off (its fused integer
     kernels round differently), at most one output quantization step apart where a float sum
     lands on a rounding boundary; optimized for either target, no runtime layout op is left
-    but the gpu target's output unpack, as for the float model."""
+    but the gpu target's output unpack, as for the float model, and the written file keeps
+    the int8 weights."""
     from onnx import version_converter
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
@@ -252,10 +253,14 @@ def test_squeezenet_quantized_by_onnxruntime_runs_on_the_conv_layouts(tmp_path: 
     quantize_static(str(float_path), str(qdq_path), Calibration(), quant_format=QuantFormat.QDQ, per_channel=True,
                     activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
     feeds = {info.name: rng.standard_normal(shape).astype(np.float32)}
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = ort.InferenceSession(str(qdq_path), options, providers=["CPUExecutionProvider"])
-    (want,) = session.run(None, feeds)
+    source_params = sum(int(np.prod(t.dims)) for t in source.graph.initializer)
+
+    def session_of(path: Path) -> ort.InferenceSession:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+    (want,) = session_of(qdq_path).run(None, feeds)
     graph = tilefold.load(qdq_path)
     assert sum(n.op == "QuantizeLinear" for n in graph.nodes()) > 20
     last_step = 1 / 255  # the softmax output's quantization step (uint8 over [0, 1])
@@ -267,3 +272,13 @@ def test_squeezenet_quantized_by_onnxruntime_runs_on_the_conv_layouts(tmp_path: 
         np.testing.assert_allclose(got, want, rtol=0, atol=1.01 * last_step)
         if target is not None:
             assert tilefold.optimize(graph, target).report.to_dict()["layout_ops_after"] == left
+            # written, the weights stay int8 (a quarter of SqueezeNet's 4.9 MB of floats), and
+            # both onnxruntime and tilefold read back what was optimized
+            from tilefold.backends.onnx import save_onnx
+
+            path = tmp_path / f"squeezenet.{target}.onnx"
+            assert save_onnx(g, path).weight_bytes < 0.3 * 4 * source_params
+            (again,) = session_of(path).run(None, feeds)
+            np.testing.assert_array_equal(again, got)
+            (again,) = tilefold.compile(tilefold.load(path))(feeds).values()
+            np.testing.assert_array_equal(again, got)

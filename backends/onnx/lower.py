@@ -7,6 +7,9 @@ written as its ONNX op on logical values:
 2. A constant is an initializer; a packed one stores its physical buffer, followed by the
    Transpose/Reshape/Slice that unpack it (onnxruntime folds those when it creates a
    session, so they cost nothing per run, and the buffer is stored once for both readers).
+   A constant folded from DequantizeLinear (a quantized model's weight) is written as that
+   op on its integers again: int8 weights stay int8 in the file, and tilefold computes the
+   packed buffer again when it reads the file.
 3. A splat is `ConstantOfShape` (an initializer filled with the value where ConstantOfShape
    cannot hold its dtype).
 4. `Pack`/`Unpack` of a computed value, and `Transfer` between devices, write nothing: the
@@ -32,9 +35,10 @@ from tqdm import tqdm
 
 from ...frontends import onnx_annotations as notes
 from ...graph.errors import TilefoldError, where
-from ...graph.graph import Graph, Node
+from ...graph.graph import DEQUANTIZED, Graph, Node
+from ...graph.ops.quantize import dequantized_buffer
 from ...graph.registry import CANONICAL_OPSET
-from ...graph.types import Splat, TensorType, Value
+from ...graph.types import Dequantized, Splat, TensorType, Value
 from ...layout.encoding import PackedEncoding
 from .layout_ops import lower_unpack
 
@@ -84,7 +88,7 @@ class Lowering:
         self.used: set[str] = set()
         self.names: dict[Value, str] = {}
         self.opsets: dict[str, int] = {"": CANONICAL_OPSET}
-        self.constant_inits: dict[str, str] = {}
+        self.array_inits: dict[int, str] = {}  # id(constant's array) -> its initializer
         self.weight_bytes = 0
         self.logical: dict[Value, str] = {}
 
@@ -106,6 +110,21 @@ class Lowering:
         name = self.fresh(hint)
         self.inits.append(numpy_helper.from_array(np.asarray(array), name))
         return name
+
+    def stored(self, array: np.ndarray, name: str, node: Node) -> str:
+        """An initializer holding a constant's array (its value, or a `Dequantized` part)."""
+        self.inits.append(_tensor(array, name, node))
+        self.weight_bytes += int(array.nbytes)
+        self.array_inits[id(array)] = name
+        return name
+
+    def dequantized(self, node: Node, d: Dequantized) -> str:
+        """DequantizeLinear of the constant's stored integers: its logical value."""
+        inputs = [self.array_inits.get(id(a)) or self.stored(a, self.fresh(f"{node.name}.{part}"), node)
+                  for part, a in (("quantized", d.data), ("scale", d.scale), ("zero_point", d.zero_point))
+                  if a is not None]
+        name = self.value_name(node, 0)
+        return self.emit("DequantizeLinear", inputs, name, outputs=[name], axis=d.axis, block_size=d.block_size)
 
     def value_name(self, node: Node, slot: int) -> str:
         base = node.out_names[slot] if slot < len(node.out_names) and node.out_names[slot] else (
@@ -181,7 +200,7 @@ class Lowering:
 
     def _annotate(self, model: onnx.ModelProto) -> None:
         graph = self.graph
-        record = notes.graph_record(graph, lambda node, array: self.constant_inits[node.name])
+        record = notes.graph_record(graph, lambda node, array: self.array_inits.get(id(array)))
         props = {
             notes.KEY_VERSION: _version(),
             notes.KEY_FORMAT: str(notes.FORMAT),
@@ -214,18 +233,34 @@ def _constant(self: Lowering, node: Node, claimed: dict[Value, str]) -> None:  #
     if isinstance(value, Splat):
         self.names[out] = _splat(self, value, t, self.value_name(node, 0))
         return
-    array = np.asarray(value)
+    dequantized = stored_dequantized(node)
+    if dequantized is not None:
+        self.names[out] = self.dequantized(node, dequantized)
+        return
     enc = t.encoding
-    name = self.value_name(node, 0) if enc is None else self.fresh(f"{node.name}.packed")
-    self.inits.append(_tensor(array, name, node))
-    self.weight_bytes += int(array.nbytes)
-    self.constant_inits[node.name] = name
+    name = self.stored(value, self.value_name(node, 0) if enc is None else self.fresh(f"{node.name}.packed"), node)
     if enc is None:
         self.names[out] = name
         return
     if not isinstance(enc, PackedEncoding):
         raise TilefoldError(f"{where(node)}: cannot write encoding {enc} to ONNX")
     self.names[out] = lower_unpack(name, enc, t.shape, self.emit, self.const, f"{node.name}/unpack")
+
+
+def stored_dequantized(node: Node) -> Dequantized | None:
+    """The `Dequantized` origin of a constant, where it gives the constant's buffer bit for bit
+    (a pass that changed the value but kept the origin would otherwise be written wrong)."""
+    d = node.attrs.get(DEQUANTIZED)
+    if d is None:
+        return None
+    value = np.asarray(node.attrs["value"])
+    try:
+        again = dequantized_buffer(d, node.outputs[0])
+    except (TilefoldError, ValueError):
+        return None
+    same = again.shape == value.shape and again.dtype == value.dtype and np.array_equal(
+        np.ascontiguousarray(again).view(f"u{value.itemsize}"), np.ascontiguousarray(value).view(f"u{value.itemsize}"))
+    return d if same else None
 
 
 def _splat(self: Lowering, value: Splat, t: TensorType, name: str) -> str:

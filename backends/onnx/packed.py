@@ -2,7 +2,7 @@
 
 The rules that differ from the logical form (lower.py):
 1. A packed constant is its physical buffer as is; a packed splat is ConstantOfShape of the
-   buffer's shape.
+   buffer's shape; one folded from DequantizeLinear is that op on its integers, packed.
 2. `Pack` is Pad/Reshape/Transpose and `Unpack` is Transpose/Reshape/Slice (layout_ops.py):
    the runtime layout changes the plan left are real ops here.
 3. An elementwise op (registry layout kind "agnostic") runs on its operands' buffers when
@@ -19,7 +19,7 @@ from ...graph.registry import REGISTRY
 from ...graph.types import Splat, TensorType, Value
 from ...layout.encoding import PackedEncoding
 from .layout_ops import lower_pack, lower_unpack
-from .lower import LOWER, Lowering, Rule, _constant, _splat, _standard, _tensor
+from .lower import LOWER, Lowering, Rule, _constant, _splat, _standard, stored_dequantized
 
 _IDENTITY = PackedEncoding((), ())
 
@@ -65,10 +65,12 @@ def _constant_packed(self: Lowering, node: Node, claimed: dict) -> None:  # (1)
     if isinstance(value, Splat):
         self.names[out] = _splat(self, value, TensorType(t.encoding.physical_shape(t.shape), t.dtype), name)
         return
-    self.inits.append(_tensor(value, name, node))
-    self.weight_bytes += int(value.nbytes)
-    self.constant_inits[node.name] = name
-    self.names[out] = name
+    dequantized = stored_dequantized(node)
+    if dequantized is not None:
+        logical = self.dequantized(node, dequantized)
+        self.names[out] = lower_pack(logical, t.encoding, t.shape, t.dtype, self.emit, self.const, name)
+        return
+    self.names[out] = self.stored(value, name, node)
 
 
 def _pack(self: Lowering, node: Node, claimed: dict) -> None:  # (2)

@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import VerifyError
 from ..registry import OpDef, register
 from ..signature import LETTERS, Signature
-from ..types import TensorType
+from ..types import ConstValue, Dequantized, TensorType, as_array, freeze, type_of_constant
 from .shapes import conflict, norm_axis, onnx_dtype
 
 Mode = Literal["tensor", "axis", "block"]
@@ -72,6 +72,50 @@ def quantized_dtype(attrs: dict[str, Any], zero: TensorType | None) -> np.dtype:
     return chosen if chosen is not None else np.dtype(np.uint8)
 
 
+def broadcastable(how: Mode, value: np.ndarray, shape: tuple[int, ...], axis: int, block: int) -> np.ndarray:
+    """A scale or zero point shaped to broadcast against an input of `shape`."""
+    if how == "tensor":
+        return value.reshape(())
+    if how == "axis":
+        return value.reshape([-1 if d == axis else 1 for d in range(len(shape))])
+    return np.repeat(value, block, axis=axis)[(slice(None),) * axis + (slice(0, shape[axis]),)]
+
+
+def dequantize(x: np.ndarray, scale: np.ndarray, zero: np.ndarray | None, how: Mode, axis: int, block: int,
+               dtype: np.dtype) -> np.ndarray:
+    """onnx.reference's DequantizeLinear: (x - zero) in float32 times the scale, in `dtype`;
+    `axis` normalized, `how` as `mode` gives it."""
+    y = x.astype(np.float32)
+    if zero is not None:
+        y -= broadcastable(how, zero, x.shape, axis, block)
+    y *= broadcastable(how, scale, x.shape, axis, block)
+    return y.astype(dtype, copy=False)
+
+
+def dequantized_value(d: Dequantized) -> np.ndarray:
+    """The logical value of a constant folded from `d`."""
+    x, scale = type_of_constant(d.data), type_of_constant(d.scale)
+    how = mode("DequantizeLinear", {"axis": d.axis, "block_size": d.block_size}, x, scale)
+    return dequantize(d.data, d.scale, d.zero_point, how, norm_axis(d.axis, max(x.rank, 1)), d.block_size,
+                      d.scale.dtype)
+
+
+def dequantized_buffer(d: Dequantized, t: TensorType) -> np.ndarray:
+    """The stored buffer of a constant of type `t` folded from `d` (packed by its encoding)."""
+    value = dequantized_value(d)
+    return value if t.encoding is None else t.encoding.pack(value)
+
+
+def _fold_origin(attrs: dict[str, Any], consts: list[ConstValue | None]) -> Dequantized | None:
+    """DequantizeLinear of a constant integer array keeps it (a splat's value is one number:
+    it costs nothing to store as it is); a splat scale or zero point is written out."""
+    data, scale, zero = (list(consts) + [None])[:3]
+    if not isinstance(data, np.ndarray) or scale is None:
+        return None
+    scale, zero = (None if c is None else freeze(np.array(as_array(c))) for c in (scale, zero))
+    return Dequantized(data, scale, zero, int(attrs["axis"]), int(attrs["block_size"]))
+
+
 def _quantize_infer(attrs, types, consts):
     x, scale, zero = types[0], types[1], types[2] if len(types) > 2 else None
     mode("QuantizeLinear", attrs, x, scale)
@@ -109,5 +153,5 @@ register(OpDef(
         "(uint8 by default); saturate only matters for float8 results, which tilefold does not support."))
 register(OpDef(
     "DequantizeLinear", infer=_dequantize_infer, signature=_signature("DequantizeLinear"), layout="sensitive",
-    min_inputs=2, max_inputs=3, defaults={"axis": 1, "block_size": 0},
+    min_inputs=2, max_inputs=3, defaults={"axis": 1, "block_size": 0}, fold_origin=_fold_origin,
     doc="(x - zero_point) * scale, computed in float32, in the scale's type."))

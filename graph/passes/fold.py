@@ -8,6 +8,8 @@ constants, and a node whose result its input types decide (Shape of a static ten
 2. Other nodes run through `evaluate` (the NumPy backend's kernels), unless the result
    would be much larger than its inputs (Expand, Tile: cheaper to compute at run time).
 3. `forwards` ops (Identity, inference Dropout) are bypassed.
+A folded constant keeps what its op's `fold_origin` says of how it was computed
+(DequantizeLinear: its integers), for writers.
 
 fold_batchnorm rewrites Conv -> BatchNormalization with constant parameters into one Conv
 with scaled weights and a bias (splat parameters stay splats).
@@ -21,7 +23,7 @@ import numpy as np
 from ..errors import VerifyError, where
 from ..graph import CONSTANT, INPUT, OUTPUT, Graph, Node
 from ..registry import get, infer
-from ..types import ConstValue, Splat, Value, as_array, type_of_constant
+from ..types import ConstValue, Dequantized, Splat, Value, as_array, type_of_constant
 from .pipeline import Evaluate, Pass, PassResult
 
 _SKIP = {INPUT, OUTPUT, CONSTANT}
@@ -44,7 +46,9 @@ def constant_folding(evaluate: Evaluate) -> Pass:
                 continue
             values = fold_node(graph, node, evaluate)
             if values is not None:
-                _replace_with_constants(graph, node, values)
+                origin = None if opdef.fold_origin is None else opdef.fold_origin(
+                    node.attrs, [graph.constant_value(v) for v in graph.inputs_of(node.name)])
+                _replace_with_constants(graph, node, values, origin)
                 modified = True
         return PassResult(graph, modified)
 
@@ -110,13 +114,16 @@ def _worth_folding(node: Node, consts: Sequence[ConstValue | None]) -> bool:
     return size_out <= max(MAX_GROWTH * size_in, SMALL)
 
 
-def _replace_with_constants(graph: Graph, node: Node, values: list[ConstValue]) -> None:
+def _replace_with_constants(graph: Graph, node: Node, values: list[ConstValue],
+                            origin: Dequantized | None = None) -> None:
+    """`origin` (the op's `fold_origin`) goes with a single array result."""
     for k, value in enumerate(values):
         out = Value(node.name, k)
         if not graph.users(out):
             continue
         base = node.out_names[k] if k < len(node.out_names) else f"{node.name}_{k}"
-        const = graph.add_constant(value, name=base)
+        kept = origin if len(values) == 1 and isinstance(value, np.ndarray) else None
+        const = graph.add_constant(value, name=base, dequantized=kept)
         graph.replace_all_uses(out, const)
     graph.remove_node(node.name)
 

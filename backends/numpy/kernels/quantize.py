@@ -1,8 +1,9 @@
 """QuantizeLinear and DequantizeLinear, with onnx.reference's arithmetic: x / scale in the
 operands' float type, rounded half to even, plus the zero point, saturated to the integer
 type (NaN to its lowest value, as the reference's int32 cast gives); (x - zero_point) in
-float32 times the scale. A per-axis or blocked scale is reshaped (blocked: repeated) once
-per call to broadcast against x."""
+float32 times the scale (graph/ops/quantize.py, which also computes the constants folded
+from DequantizeLinear). A per-axis or blocked scale is reshaped (blocked: repeated) once per
+call to broadcast against x."""
 from __future__ import annotations
 
 from typing import Any
@@ -10,20 +11,11 @@ from typing import Any
 import numpy as np
 
 from ....graph.errors import ModelError, VerifyError, where
-from ....graph.ops.quantize import QUANTIZED, mode
+from ....graph.ops.quantize import QUANTIZED, broadcastable, dequantize, mode
 from ..registry import KernelSpec, Run, kernel
 from .common import check_dtypes, unsupported
 
 _DEQUANTIZED_INPUTS = QUANTIZED | {np.dtype(np.int32)}
-
-
-def _broadcastable(how: str, value: np.ndarray, shape: tuple[int, ...], axis: int, block: int) -> np.ndarray:
-    """A scale or zero point shaped to broadcast against an input of `shape`."""
-    if how == "tensor":
-        return value.reshape(())
-    if how == "axis":
-        return value.reshape([-1 if d == axis else 1 for d in range(len(shape))])
-    return np.repeat(value, block, axis=axis)[(slice(None),) * axis + (slice(0, shape[axis]),)]
 
 
 def _mode(spec: KernelSpec) -> tuple[str, int, int]:
@@ -50,9 +42,9 @@ def _quantize(spec: KernelSpec) -> Run:
     def run(x: np.ndarray, scale: np.ndarray, zero: np.ndarray | None = None) -> np.ndarray:
         # divided in the operands' type, as the reference does; float32 holds every result
         # that does not saturate exactly
-        q = np.rint(x / _broadcastable(how, scale, x.shape, axis, block)).astype(np.float32, copy=False)
+        q = np.rint(x / broadcastable(how, scale, x.shape, axis, block)).astype(np.float32, copy=False)
         if zero is not None:
-            q += _broadcastable(how, zero, x.shape, axis, block)
+            q += broadcastable(how, zero, x.shape, axis, block)
         np.fmax(q, low, out=q)  # fmax and fmin, not clip: NaN becomes `low`
         np.fmin(q, high, out=q)
         return q.astype(dtype)
@@ -70,10 +62,6 @@ def _dequantize(spec: KernelSpec) -> Run:
     how, axis, block = _mode(spec)
 
     def run(x: np.ndarray, scale: np.ndarray, zero: np.ndarray | None = None) -> Any:
-        y = x.astype(np.float32)
-        if zero is not None:
-            y -= _broadcastable(how, zero, x.shape, axis, block)
-        y *= _broadcastable(how, scale, x.shape, axis, block)
-        return y.astype(dtype, copy=False)
+        return dequantize(x, scale, zero, how, axis, block, dtype)
 
     return run

@@ -1,6 +1,7 @@
 """Shared helpers for the ONNX writer tests: onnxruntime runs and exact graph comparison."""
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,8 @@ def _fact(value: Any) -> Any:
         return tuple(sorted((k, _fact(v)) for k, v in value.items()))
     if isinstance(value, np.generic):
         return (value.dtype.str, value.item())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):  # a `Dequantized` origin
+        return (type(value).__name__, _fact(dataclasses.asdict(value)))
     return value
 
 
