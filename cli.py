@@ -23,6 +23,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .graph import Graph, InputError, TilefoldError
+from .graph.graph import DEQUANTIZED
 
 EXIT_MISMATCH, EXIT_ERROR = 1, 2
 
@@ -145,7 +146,7 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         write_outputs(outputs, args.output_dir)
         console.print(f"wrote {len(outputs)} output(s) to {args.output_dir}")
     if args.compare:
-        literal = quantized(args.model)
+        literal = quantized(graph)
         if literal:
             console.print("[yellow]a quantized (QDQ) model: compared with onnxruntime's graph optimizations off, "
                           "so that it runs the QuantizeLinear/DequantizeLinear ops as written (its fused integer "
@@ -187,11 +188,10 @@ def make_inputs(graph: Graph, files: dict[str, str], dims: dict[str, int], seed:
 QDQ_OPS = frozenset({"QuantizeLinear", "DequantizeLinear"})
 
 
-def quantized(model: str | os.PathLike) -> bool:
-    """Whether the model holds QuantizeLinear or DequantizeLinear nodes (read without its weights)."""
-    import onnx
-
-    return any(n.op_type in QDQ_OPS for n in onnx.load(str(model), load_external_data=False).graph.node)
+def quantized(graph: Graph) -> bool:
+    """Whether a loaded model quantizes: QuantizeLinear or DequantizeLinear nodes, or weights
+    folded from DequantizeLinear (which remember it)."""
+    return any(n.op in QDQ_OPS or DEQUANTIZED in n.attrs for n in graph.nodes())
 
 
 def run_onnxruntime(model: str | os.PathLike, feeds: dict[str, np.ndarray], *, literal: bool = False
