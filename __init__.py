@@ -124,22 +124,26 @@ def optimize(graph: Graph | str | os.PathLike, target: str = "cpu", *, verify: b
 
 
 def compile(graph: Graph, *, device: str | Sequence[str] = "cpu", affinity: Mapping[str, Any] | None = None,
-            allow_fallback: bool = True, debug: bool = False):
+            allow_fallback: bool = True, debug: bool = False, kernels: str = "numpy"):
     """Compile a Graph for a device request; the result is called with a dict of named inputs.
 
     "cpu" runs the NumPy kernels. A request with a Triton device ("interp,cpu", "cuda,cpu")
     or an `affinity` places every node first (explicit transfers between devices; nodes a
     device lacks fall back to the next in the request) and runs the Triton backend: each node
     on its own device, several Triton devices at once ("interp:0" and "interp:1", two GPUs)
-    each with its own memory arena, and the nodes placed on the host with the NumPy kernels."""
+    each with its own memory arena, and the nodes placed on the host with the NumPy kernels.
+    `kernels="aten"` gives the NumPy backend PyTorch's one-pass kernels for Gelu, Softmax and
+    LayerNormalization (faster; it imports torch, so it is for callers that have it loaded)."""
     from .backends.devices import HOST, present
+    from .backends.numpy.registry import kernel_set
 
+    kernel_set(kernels)  # an unknown set is refused whatever the devices
     devices = present(device)
     placed_before = any(n.device not in (None, HOST) for n in graph.nodes())
     if affinity is None and devices[0].name == HOST and not placed_before:
         from .backends.numpy import NumpyExecutable
 
-        return NumpyExecutable(graph, allow_fallback=allow_fallback, debug=debug)
+        return NumpyExecutable(graph, allow_fallback=allow_fallback, debug=debug, kernels=kernels)
     from .backends.assign import assign_devices, check_placement
 
     placed = assign_devices(graph, device, affinity)
@@ -147,7 +151,10 @@ def compile(graph: Graph, *, device: str | Sequence[str] = "cpu", affinity: Mapp
     if not accelerators:
         from .backends.numpy import NumpyExecutable
 
-        return NumpyExecutable(placed, allow_fallback=allow_fallback, debug=debug)
+        return NumpyExecutable(placed, allow_fallback=allow_fallback, debug=debug, kernels=kernels)
+    if kernels != "numpy":
+        raise TilefoldError(f"kernels={kernels!r} is for the NumPy backend alone; a request with a Triton "
+                            f"device ({', '.join(accelerators)}) runs its host nodes on the default kernels")
     check_placement(placed)
     from .backends.triton import TritonExecutable
 

@@ -66,6 +66,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--target", help="optimize layouts for this target before running (default: as loaded)")
     run.add_argument("--no-fallback", action="store_true",
                      help="fail instead of running ops without a tilefold kernel through onnx.reference")
+    run.add_argument("--kernels", choices=["numpy", "aten"], default="numpy",
+                     help="the NumPy backend's kernel set: aten runs Gelu, Softmax and LayerNormalization with "
+                          "PyTorch's one-pass kernels (faster; importing torch costs seconds)")
     run.set_defaults(func=cmd_run)
 
     inspect = sub.add_parser("inspect", help="summarize a model's graph")
@@ -118,7 +121,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
     if args.target:
         graph = tilefold.optimize(graph, args.target).graph
     t1 = time.perf_counter()
-    exe = tilefold.compile(graph, device=args.device, affinity=affinity, allow_fallback=not args.no_fallback)
+    exe = tilefold.compile(graph, device=args.device, affinity=affinity, allow_fallback=not args.no_fallback,
+                           kernels=args.kernels)
     t2 = time.perf_counter()
     if getattr(exe, "note", None):
         console.print(f"[yellow]{escape(exe.note)}[/yellow]")

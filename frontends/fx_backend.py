@@ -215,7 +215,7 @@ def _compile(gm: torch.fx.GraphModule, frozen: dict[str, torch.Tensor], options:
     converted = graph_from_fx(gm, frozen)
     graph = simplify(converted.copy(), evaluate_node)
     optimized = tilefold.optimize(graph, options.target)
-    executable = NumpyExecutable(optimized.graph, allow_fallback=False)
+    executable = NumpyExecutable(optimized.graph, allow_fallback=False, kernels="aten")  # torch is loaded here
     executable.fx_outputs = converted.meta["fx_outputs"]
     if options.report is not None:
         options.report(BackendReport(graph, optimized, dict(fallback), time.perf_counter() - start))

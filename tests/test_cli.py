@@ -112,3 +112,18 @@ def test_compare_runs_a_quantized_model_as_written_in_onnxruntime(tmp_path, caps
     text = " ".join(capsys.readouterr().out.split())
     assert "a quantized (QDQ) model: compared with onnxruntime's graph optimizations off" in text
     assert "match" in text and "MISMATCH" not in text
+
+
+def test_run_with_the_aten_kernels_matches_onnxruntime(tmp_path, capsys):
+    """`--kernels aten`: Softmax and LayerNormalization through PyTorch's kernels."""
+    scale = RNG.standard_normal(8).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Softmax", ["x"], ["s"], axis=-1),
+         helper.make_node("LayerNormalization", ["s", "scale"], ["y"], axis=-1, epsilon=1e-5)],
+        "rows", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])], [numpy_helper.from_array(scale, "scale")])
+    path = tmp_path / "rows.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    code = main(["run", str(path), "--kernels", "aten", "--compare", "onnxruntime", "--rtol", "1e-4"])
+    text = capsys.readouterr().out
+    assert code == 0 and "MISMATCH" not in text, text

@@ -21,7 +21,7 @@ from ...graph.graph import CONSTANT, INPUT, OUTPUT, Graph, Node
 from ...graph.types import TensorType, Value, as_array
 from .allocator import retain_freed_memory
 from .packed import build_kernel
-from .registry import KERNELS, KernelDef, KernelSpec, Run
+from .registry import KERNELS, KernelDef, KernelSpec, Run, kernel_set
 from . import kernels as _kernels  # noqa: F401  (registers the kernels)
 
 FALLBACK_OP = "OnnxReference"
@@ -67,9 +67,12 @@ class _Groups:
 class NumpyExecutable:
     """A graph compiled for the NumPy backend; call it with a dict of named inputs."""
 
-    def __init__(self, graph: Graph, *, allow_fallback: bool = True, debug: bool = False) -> None:
+    def __init__(self, graph: Graph, *, allow_fallback: bool = True, debug: bool = False,
+                 kernels: str = "numpy") -> None:
         self.graph = graph
         self.debug = debug
+        self.kernels = kernels
+        self._table = kernel_set(kernels)
         self.fallback_nodes: list[str] = []
         self._input_types = graph.input_types()
         self._slots: dict[Value, int] = {}
@@ -121,7 +124,7 @@ class NumpyExecutable:
         freed: set[int] = set()
         for step_index, node in enumerate(compute):
             inputs = g.inputs_of(node.name)
-            kdef, spec, run = node_kernel(g, node, inputs, allow_fallback=allow_fallback)
+            kdef, spec, run = node_kernel(g, node, inputs, allow_fallback=allow_fallback, kernels=self._table)
             if node.op == FALLBACK_OP:
                 self.fallback_nodes.append(node.name)
             ins = tuple(self._slot(v) if v is not None else -1 for v in inputs)
@@ -239,7 +242,7 @@ class NumpyExecutable:
         return result
 
     def _check_aliasing(self, step: Step, args: list[Any], result: Any) -> None:
-        kdef = KERNELS[step.node.op]
+        kdef = self._table[step.node.op]
         outs = result if isinstance(result, tuple) else (result,)
         for pos, arg in enumerate(args):
             if not isinstance(arg, np.ndarray) or (kdef.views and pos == 0):
@@ -269,12 +272,13 @@ def _owned(array: Any) -> np.ndarray:
     return array
 
 
-def node_kernel(graph: Graph, node: Node, inputs: list[Value | None], *,
-                allow_fallback: bool) -> tuple[KernelDef, KernelSpec, Run]:
+def node_kernel(graph: Graph, node: Node, inputs: list[Value | None], *, allow_fallback: bool,
+                kernels: Mapping[str, KernelDef] = KERNELS) -> tuple[KernelDef, KernelSpec, Run]:
     """The NumPy kernel of one node reading `inputs` (constants among them seen at build
-    time): its table entry, spec and `run`. One-line errors for an op without a kernel, an
-    onnx.reference fallback that is disabled, and a kernel that cannot be built."""
-    kdef = KERNELS.get(node.op)
+    time), from the kernel table `kernels`: its table entry, spec and `run`. One-line errors
+    for an op without a kernel, an onnx.reference fallback that is disabled, and a kernel
+    that cannot be built."""
+    kdef = kernels.get(node.op)
     if kdef is None:
         raise UnsupportedOpError(f"{where(node)}: the NumPy backend has no kernel for {node.op}")
     if node.op == FALLBACK_OP and not allow_fallback:

@@ -106,3 +106,20 @@ def simple(*ops: str, inplace: bool = False, views: bool = False):
 
 def supports(op: str) -> bool:
     return op in KERNELS
+
+
+KERNEL_SETS = ("numpy", "aten")
+
+
+def kernel_set(name: str) -> dict[str, KernelDef]:
+    """The kernel table of a named set: "numpy" (the default), or "aten" (kernels/aten.py:
+    PyTorch's one-pass kernels for Gelu, Softmax and LayerNormalization; imports torch)."""
+    if name == "numpy":
+        return KERNELS
+    if name == "aten":
+        from .kernels.aten import ATEN
+
+        return {**KERNELS, **ATEN}
+    from ...graph.errors import TilefoldError
+
+    raise TilefoldError(f"unknown kernel set {name!r}: choose one of {', '.join(KERNEL_SETS)}")
