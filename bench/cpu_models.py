@@ -8,6 +8,7 @@ the ratios tilefold/onnxruntime and tilefold/eager (above 1: tilefold is slower)
 GFLOP/s reached (FLOP = 2 x the multiply-adds of Conv/MatMul/Gemm) and tilefold's top ops.
 
     python -m tilefold.bench.cpu_models [--models resnet50,bert,mobilenet_v2] [--repeat 10] [--graph plain,optimized]
+                                        [--kernels numpy,aten]
 
 Absolute times drift on shared machines; compare the ratios, measured side by side.
 """
@@ -145,8 +146,10 @@ def bench_model(
     gap: float = 0.1,
     variants: Mapping[str, GraphTransform] | None = None,
     peers: Sequence[str] = ("onnxruntime", "eager"),
+    kernel_sets: Sequence[str] = ("numpy",),
 ) -> list[Row]:
-    """Time tilefold (each graph variant), onnxruntime and eager PyTorch on one model."""
+    """Time tilefold (each graph variant on each NumPy kernel set), onnxruntime and eager
+    PyTorch on one model."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -163,11 +166,13 @@ def bench_model(
     base = tilefold.load(c.path)
     flops = matmul_flops(base)
     for label, transform in (variants or graph_variants()).items():
-        exe = tilefold.compile(transform(base))
-        name = f"tilefold {label}"
-        errors[name] = _error(exe(c.feeds)[first], reference)
-        stats[name] = RunStats()  # accumulates over the timed runs; costs ~1 us a node
-        runners[name] = lambda exe=exe, st=stats[name]: exe.run(c.feeds, stats=st)
+        graph = transform(base)
+        for kernels in kernel_sets:
+            exe = tilefold.compile(graph, kernels=kernels)
+            name = f"tilefold {label}" + ("" if kernels == "numpy" else f" ({kernels})")
+            errors[name] = _error(exe(c.feeds)[first], reference)
+            stats[name] = RunStats()  # accumulates over the timed runs; costs ~1 us a node
+            runners[name] = lambda exe=exe, st=stats[name]: exe.run(c.feeds, stats=st)
     if "onnxruntime" in peers:
         runners["onnxruntime"] = lambda: session.run(None, c.feeds)
         errors["onnxruntime"] = 0.0
@@ -246,6 +251,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--gap", type=float, default=0.1, help="idle seconds before each timed call")
     parser.add_argument("--graph", default=None, help=f"tilefold graph variants (default: all of {', '.join(graph_variants())})")
     parser.add_argument("--peers", default="onnxruntime,eager", help="peers to time: onnxruntime, eager")
+    parser.add_argument("--kernels", default="numpy",
+                        help="the NumPy backend's kernel sets to time, comma-separated: numpy, aten")
     parser.add_argument("--top", type=int, default=8, help="tilefold ops to list per model")
     parser.add_argument("--cache-dir", default=None, help="where the exported models are cached")
     args = parser.parse_args(argv)
@@ -263,7 +270,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[Row] = []
     for name in args.models.split(","):
         rows += bench_model(case(name, args.cache_dir), repeat=args.repeat, warmup=args.warmup,
-                            threads=args.threads, gap=args.gap, variants=variants, peers=peers)
+                            threads=args.threads, gap=args.gap, variants=variants, peers=peers,
+                            kernel_sets=args.kernels.split(","))
     print(format_table(rows))
     print()
     print(format_top_ops(rows, args.top))

@@ -47,3 +47,10 @@ def test_per_node_profile_times_every_step_and_counts_each_products_flops(tmp_pa
     per_node = [cpu_models.node_flops(graph, n) for n in graph.nodes()]
     assert sum(per_node) == cpu_models.matmul_flops(graph) and sorted(f for f in per_node if f) == [
         2 * 4 * 64 * 16, 2 * 4 * 32 * 64]
+
+
+def test_bench_model_times_each_kernel_set(tmp_path: Path) -> None:
+    rows = cpu_models.bench_model(mlp_case(tmp_path), repeat=2, warmup=1, peers=(), kernel_sets=("numpy", "aten"),
+                                  variants={"plain": lambda g: g})
+    assert [r.runner for r in rows] == ["tilefold plain", "tilefold plain (aten)"]
+    assert all(r.error is not None and r.error < 1e-5 for r in rows)
