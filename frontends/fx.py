@@ -43,7 +43,11 @@ def graph_from_fx(gm: torch.fx.GraphModule, frozen: Mapping[str, torch.Tensor] |
     graph = Graph(name)
     emit = Emitter(graph)
     outputs: list[Any] = []
-    for node in gm.graph.nodes:
+    # placeholders first: a split graph's boundary inputs may follow computation, whose helper
+    # nodes (named for their ops) must not take an input's name
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    rest = [n for n in gm.graph.nodes if n.op != "placeholder"]
+    for node in placeholders + rest:
         if node.op == "placeholder":
             if node.name in frozen:
                 if not node.users:  # an unused buffer (num_batches_tracked): no constant

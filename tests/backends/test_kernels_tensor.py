@@ -23,6 +23,15 @@ def test_reshape(check, rng, shape, target, allowzero, const):
     check("Reshape", [normal(rng, *shape), ints(*target)], {"allowzero": allowzero}, consts={1} if const else ())
 
 
+def test_reshape_copying_a_dim_past_the_input_rank_is_a_one_line_input_error(run, rng):
+    """A 0 (copy the input dim) where the input has no such dim, in a shape computed at run time."""
+    from tilefold.graph import InputError
+
+    with pytest.raises(InputError, match=r"op Reshape.*: shape \[4, 0\] copies a dim past the rank of its input "
+                                         r"of shape \(4,\)"):
+        run("Reshape", [normal(rng, 4), ints(4, 0)])
+
+
 @pytest.mark.parametrize("axis", [0, 1, 2, 3, -1, -3])
 def test_flatten(check, rng, axis):
     check("Flatten", [normal(rng, 2, 3, 4)], {"axis": axis})

@@ -255,3 +255,21 @@ def test_an_empty_pad_is_bypassed_and_fold_pads_says_so():
     first = fold_pads(g)
     assert first.modified and "Pad" not in first.graph.op_counts()
     assert not fold_pads(first.graph).modified
+
+
+def test_folding_log_of_zero_gives_minus_infinity_without_a_warning():
+    """IEEE results are the op's answer when folded, as when run: no NumPy RuntimeWarning."""
+    import warnings
+
+    model = make_model(
+        [helper.make_node("Log", ["c"], ["l"]), helper.make_node("Add", ["x", "l"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+        [("c", np.array([0.0, 1.0, 2.0], np.float32))],
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        graph = tilefold.load(model)
+    assert [n.op for n in graph.nodes() if n.op not in ("Input", "Output", "Constant")] == ["Add"]
+    x = np.random.default_rng(5).standard_normal(3).astype(np.float32)
+    np.testing.assert_array_equal(tilefold.compile(graph)({"x": x})["y"], ort_run(model, {"x": x})[0])

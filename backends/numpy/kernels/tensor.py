@@ -11,6 +11,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ....graph.errors import InputError, where
+from ....graph.graph import Node
 from ....graph.ops.tensor import pad_widths
 from ..registry import KernelSpec, Run, kernel
 from .common import as_array, check_dtypes, const_ints, norm_axes, prod, unsupported, view_of_first
@@ -27,8 +29,12 @@ def _maybe_const(spec: KernelSpec, index: int) -> tuple[bool, list[int] | None]:
 
 
 # ---- views -------------------------------------------------------------------------------
-def reshape_target(in_shape: Sequence[int], shape: Sequence[int], allowzero: bool) -> list[int]:
-    """ONNX Reshape's target: 0 copies the input dim (unless allowzero), -1 is inferred by NumPy."""
+def reshape_target(in_shape: Sequence[int], shape: Sequence[int], allowzero: bool, node: Node) -> list[int]:
+    """ONNX Reshape's target: 0 copies the input dim (unless allowzero), -1 is inferred by NumPy;
+    an InputError for a 0 past the input's rank (a shape computed from the inputs)."""
+    if not allowzero and any(d == 0 for d in shape[len(in_shape):]):
+        raise InputError(f"{where(node)}: shape {list(shape)} copies a dim past the rank of its input "
+                         f"of shape {tuple(in_shape)} (a 0 with allowzero=0)")
     return [in_shape[i] if d == 0 and not allowzero else d for i, d in enumerate(shape)]
 
 
@@ -41,7 +47,7 @@ def _reshape(spec: KernelSpec) -> Run:
     def run(x: np.ndarray, shape: np.ndarray) -> np.ndarray:
         target = fixed if fixed is not None else _ints(shape)
         x = view_of_first(x, shape)
-        return x.reshape(reshape_target(x.shape, target, allowzero))
+        return x.reshape(reshape_target(x.shape, target, allowzero, spec.node))
 
     return run
 

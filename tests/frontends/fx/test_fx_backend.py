@@ -127,6 +127,20 @@ def test_unsupported_op_falls_back_to_eager_with_one_warning_naming_it(zoo):
         close(compiled(x), f(x))
 
 
+def test_a_split_graph_whose_helper_nodes_share_a_boundary_inputs_name(zoo):
+    """Split around an op tilefold lacks, the second piece reads the first's `expand` as an
+    input after its own computation, in which index_put adds helper Expands of that name."""
+
+    def f(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        a = x.unsqueeze(0).expand(3, 4)
+        s = torch.histc(a, bins=12).reshape(3, 4)
+        return torch.index_put(torch.zeros(3, 4), (idx,), s) + a
+
+    x, idx = zoo.randn(np.random.default_rng(8), 4), torch.tensor([2, 0, 1])
+    with torch.no_grad(), pytest.warns(TilefoldFallbackWarning, match=r"aten\.histc"):
+        close(torch.compile(f, backend="tilefold")(x, idx), f(x, idx))
+
+
 def test_new_shapes_recompile_and_stay_correct(zoo):
     rng = np.random.default_rng(5)
     model = zoo.cnn(5)
