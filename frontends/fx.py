@@ -153,9 +153,11 @@ def unsupported_nodes(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, str]:
 
 _ASSERTIONS = frozenset({torch.ops.aten._assert_tensor_metadata.default, torch.ops.aten._assert_async.default})
 
-DECOMPOSED = (torch.ops.aten.native_group_norm, torch.ops.aten.linalg_vector_norm)
+DECOMPOSED = (torch.ops.aten.native_group_norm, torch.ops.aten.linalg_vector_norm,
+              torch.ops.aten._native_batch_norm_legit)
 """Core ATen ops tilefold has no rule for but PyTorch's decomposition table rewrites into ops
-it has (reductions, elementwise arithmetic, views): decomposed rather than run eagerly."""
+it has (reductions, elementwise arithmetic, views): decomposed rather than run eagerly (batch
+statistics: BiT's weight standardization, `batch_norm(training=True)` of a weight)."""
 
 
 def _flash_attention_for_cpu(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_p: float = 0.0,

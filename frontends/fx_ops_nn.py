@@ -270,6 +270,24 @@ def _topk(emit: Emitter, node: torch.fx.Node) -> tuple[Value, ...]:
     return emit.op("TopK", inputs, {"axis": dim, "largest": largest, "sorted": 1}, node=node, n_out=2)
 
 
+def _sortable(node: torch.fx.Node) -> str | None:
+    if not _rank(node):
+        return "a 0-d input"
+    return "a bool input" if node.args[0].meta["val"].dtype == torch.bool else None
+
+
+@rule(aten.sort.default, aten.sort.stable, check=_sortable)
+def _sort(emit: Emitter, node: torch.fx.Node) -> tuple[Value, ...]:
+    """TopK of the whole dim, sorted: equal values keep their index order (ONNX TopK's rule),
+    which is torch's stable order, and a valid order for its unstable sort."""
+    rank = _rank(node)
+    dim = arg(node, 1, "dim", -1) % rank
+    descending = int(bool(arg(node, 2, "descending", False)))
+    size = node.args[0].meta["val"].shape[dim]
+    inputs = [emit.value(node.args[0]), emit.ints([int(size)])]
+    return emit.op("TopK", inputs, {"axis": dim, "largest": descending, "sorted": 1}, node=node, n_out=2)
+
+
 @rule(aten.cumsum.default)
 def _cumsum(emit: Emitter, node: torch.fx.Node) -> Value:
     x = emit.tensor(node.args[0], out_val(node).dtype)  # torch sums integers and bools as int64

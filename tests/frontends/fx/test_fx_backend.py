@@ -114,12 +114,12 @@ def test_unsupported_op_falls_back_to_eager_with_one_warning_naming_it(zoo):
     lin = torch.nn.Linear(6, 6)
 
     def f(x: torch.Tensor) -> torch.Tensor:
-        y = torch.sort(lin(x), dim=-1).values
+        y = torch.histc(lin(x), bins=6)
         return torch.tanh(y) * 2 + x
 
     compiled = torch.compile(f, backend="tilefold")
     x = zoo.randn(rng, 3, 6)
-    with torch.no_grad(), pytest.warns(TilefoldFallbackWarning, match=r"aten\.sort") as caught:
+    with torch.no_grad(), pytest.warns(TilefoldFallbackWarning, match=r"aten\.histc") as caught:
         close(compiled(x), f(x))
     assert len([w for w in caught if issubclass(w.category, TilefoldFallbackWarning)]) == 1
     x = zoo.randn(rng, 3, 6)
@@ -139,6 +139,25 @@ def test_a_split_graph_whose_helper_nodes_share_a_boundary_inputs_name(zoo):
     x, idx = zoo.randn(np.random.default_rng(8), 4), torch.tensor([2, 0, 1])
     with torch.no_grad(), pytest.warns(TilefoldFallbackWarning, match=r"aten\.histc"):
         close(torch.compile(f, backend="tilefold")(x, idx), f(x, idx))
+
+
+def test_batch_statistics_of_a_weight_convert_with_no_fallback(zoo):
+    """BiT's weight standardization: batch_norm(training=True) of a conv's weight, decomposed
+    by PyTorch's table into reductions tilefold has (and folded with the weight)."""
+
+    class StandardizedConv(torch.nn.Conv2d):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            w = torch.nn.functional.batch_norm(self.weight.reshape(1, self.out_channels, -1), None, None,
+                                               training=True, momentum=0.0, eps=1e-8).reshape_as(self.weight)
+            return torch.nn.functional.conv2d(x, w, self.bias, padding=1)
+
+    torch.manual_seed(9)
+    conv = StandardizedConv(3, 8, 3).eval()
+    x = zoo.randn(np.random.default_rng(9), 2, 3, 8, 8)
+    reports: list[BackendReport] = []
+    with torch.no_grad():
+        close(torch.compile(conv, backend=fx.backend(report=reports.append))(x), conv(x))
+    assert reports and not any(r.fallback for r in reports)
 
 
 def test_new_shapes_recompile_and_stay_correct(zoo):

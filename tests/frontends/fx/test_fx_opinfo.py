@@ -31,7 +31,7 @@ CLAIMED = (
     "nn.functional.layer_norm "
     "nn.functional.leaky_relu nn.functional.linear nn.functional.relu permute pow reciprocal remainder "
     "repeat reshape round rsqrt scatter scatter_add scatter_reduce sigmoid sign sin sinh slice slice_scatter "
-    "softmax log_softmax split sqrt squeeze sub "
+    "softmax log_softmax sort argsort split sqrt squeeze sub "
     "sum tan tanh topk tril triu unsqueeze var var_mean view where"
 ).split()
 TOLERANCES = {"nn.functional.conv2d": (1e-4, 1e-4), "nn.functional.conv_transpose2d": (1e-4, 1e-4)}
