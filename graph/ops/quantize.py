@@ -96,8 +96,7 @@ def dequantized_value(d: Dequantized) -> np.ndarray:
     """The logical value of a constant folded from `d`."""
     x, scale = type_of_constant(d.data), type_of_constant(d.scale)
     how = mode("DequantizeLinear", {"axis": d.axis, "block_size": d.block_size}, x, scale)
-    return dequantize(d.data, d.scale, d.zero_point, how, norm_axis(d.axis, max(x.rank, 1)), d.block_size,
-                      d.scale.dtype)
+    return dequantize(d.data, d.scale, d.zero_point, how, d.axis % max(x.rank, 1), d.block_size, d.scale.dtype)
 
 
 def dequantized_buffer(d: Dequantized, t: TensorType) -> np.ndarray:

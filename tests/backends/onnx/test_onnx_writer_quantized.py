@@ -107,3 +107,20 @@ def test_a_reshaped_weight_keeps_a_per_tensor_origin_only():
     reshaped = per_tensor.reshaped((2, 6))
     np.testing.assert_array_equal(dequantized_value(reshaped), dequantized_value(per_tensor).reshape(2, 6))
     assert per_axis.reshaped((2, 6)) is None
+
+
+@pytest.mark.parametrize("data", [np.arange(-3, 3, dtype=np.int32), np.array(3, np.int8)])
+def test_a_per_tensor_origin_ignores_the_default_axis_of_low_rank_data(data):
+    """DequantizeLinear's axis defaults to 1, past the rank of a 1-D bias or a scalar: per tensor
+    it means nothing, and the value is onnx.reference's."""
+    from onnx import TensorProto, helper
+    from onnx.reference import ReferenceEvaluator
+
+    scale, zero = np.array(0.25, np.float32), np.array(1, data.dtype)
+    node = helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"])
+    graph = helper.make_graph([node], "dq", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(a, n) for n, a in (("q", data), ("s", scale), ("z", zero))])
+    (want,) = ReferenceEvaluator(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])).run(None, {})
+    got = dequantized_value(Dequantized(data, scale, zero, 1, 0))
+    assert got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
