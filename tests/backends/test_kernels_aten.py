@@ -133,3 +133,21 @@ def test_unknown_or_misplaced_kernel_sets_are_refused(rng):
         tilefold.compile(graph, kernels="mkl")
     with pytest.raises(TilefoldError, match="NumPy backend alone"):
         tilefold.compile(graph, device="interp,cpu", kernels="aten")
+
+
+def test_a_reversed_view_reaches_aten_as_a_copy(rng):
+    """A Slice with a negative step hands Gelu a view with a negative stride."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    x = rng.standard_normal((4, 6)).astype(np.float32)
+    steps = {n: numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+             (("starts", [-1]), ("ends", [-7]), ("axes", [1]), ("steps", [-1]))}
+    graph = helper.make_graph(
+        [helper.make_node("Slice", ["x", "starts", "ends", "axes", "steps"], ["r"]),
+         helper.make_node("Gelu", ["r"], ["y"])],
+        "reversed", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 6])], list(steps.values()))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    (got,) = _aten_outputs(model, {"x": x})
+    (want,) = reference_outputs(model, {"x": x}, "onnxruntime")
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

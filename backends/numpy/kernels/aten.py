@@ -42,7 +42,10 @@ def one_thread() -> Iterator[None]:
 
 def tensor(array: np.ndarray) -> torch.Tensor:
     """`array` as a tensor sharing its memory (ATen only reads it: a read-only input or
-    constant is wrapped too, without torch's warning about writing into it)."""
+    constant is wrapped too, without torch's warning about writing into it); a view with a
+    negative stride (a reversing Slice), which torch cannot wrap, is copied."""
+    if any(s < 0 for s in array.strides):
+        array = np.ascontiguousarray(array)
     if array.flags.writeable:
         return torch.from_numpy(array)
     with warnings.catch_warnings():
@@ -84,24 +87,22 @@ def _softmax(log: bool) -> Callable[[KernelSpec], Run | None]:
 
 def _layer_norm(spec: KernelSpec) -> Run | None:
     """ONNX LayerNormalization over axes [axis, rank) when torch's layer_norm computes the
-    same: the result alone, computed in the input's type (float32 stash for float32 data),
-    a scale and bias of the normalized shape exactly."""
+    same: the result alone, in the input's type (NumPy's kernel computes float64 data in
+    float64 whatever the stash type), a scale and bias of the normalized shape exactly."""
     x = spec.in_types[0]
     axis = int(spec.attrs.get("axis", -1)) % x.rank
     normalized = tuple(x.shape[axis:])
     params = [t for t in spec.in_types[1:] if t is not None]
-    stash_float32 = int(spec.attrs.get("stash_type", 1)) == 1
     if (len(spec.out_types) > 1 or not x.is_static or any(tuple(t.shape) != normalized for t in params)
-            or any(t.encoding is not None or t.dtype != x.dtype for t in params)
-            or (x.dtype == np.float64 and stash_float32)):
+            or any(t.encoding is not None or t.dtype != x.dtype for t in params)):
         return None
     eps = float(spec.attrs.get("epsilon", 1e-5))
-    weights = [None if spec.consts[k] is None else torch.tensor(np.array(spec.const_array(k)))
-               for k in range(1, len(spec.in_types))]
+    scale_const, bias_const = (None if spec.const_array(k) is None else torch.tensor(np.array(spec.const_array(k)))
+                               for k in (1, 2))
 
     def run(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
-        w = weights[0] if weights[0] is not None else tensor(scale)
-        b = None if bias is None else weights[1] if len(weights) > 1 and weights[1] is not None else tensor(bias)
+        w = scale_const if scale_const is not None else tensor(scale)
+        b = bias_const if bias_const is not None else None if bias is None else tensor(bias)
         with one_thread():
             return torch.nn.functional.layer_norm(tensor(x), normalized, w, b, eps).numpy()
 
