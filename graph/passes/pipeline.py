@@ -95,7 +95,8 @@ def simplify(
 ) -> Graph:
     """The standard clean-up: fold constants (shape subgraphs, splats), fold BatchNorm, drop
     empty Pads and fold zero Pads into the Convs that read them, lower Einsums to MatMuls,
-    compose chained Transposes, CSE, DCE.
+    compose chained Transposes, sink merges of batch dims and compose chained Reshapes, CSE,
+    DCE.
 
     `evaluate` runs one node on constant inputs; graph/ does not import a backend, so the
     caller passes the NumPy backend's (tilefold.load does).
@@ -105,7 +106,9 @@ def simplify(
     from .einsum import lower_einsum
     from .fold import constant_folding, fold_batchnorm
     from .pads import fold_pads
+    from .reshapes import compose_reshapes, sink_batch_merges
     from .transposes import compose_transposes
 
-    passes = [constant_folding(evaluate), fold_batchnorm, fold_pads, lower_einsum, compose_transposes, cse, dce]
+    passes = [constant_folding(evaluate), fold_batchnorm, fold_pads, lower_einsum, compose_transposes,
+              sink_batch_merges, compose_reshapes, cse, dce]
     return run_passes(graph, passes, verify=verify, fixed_point=True, log=log)

@@ -1,0 +1,127 @@
+"""compose_reshapes and sink_batch_merges: chained Reshapes read the first one's input, and
+attention written for bmm (batch and heads merged into one dim) runs 4-D after `simplify`,
+with onnxruntime's answers."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import tilefold
+from tilefold.graph import Graph
+
+B, T, H, D = 2, 5, 3, 4
+RNG = np.random.default_rng(17)
+
+
+def _model(nodes, inputs, outputs, inits) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "m", inputs, outputs, [numpy_helper.from_array(a, n) for n, a in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+def _ints(*values: int) -> np.ndarray:
+    return np.array(values, np.int64)
+
+
+def bmm_attention() -> onnx.ModelProto:
+    """XGLM's attention: heads split, merged with the batch for bmm, a mask added on the
+    split scores, softmax on the merged ones, heads merged back into the hidden dim."""
+    node = helper.make_node
+    nodes = [
+        *(node("Reshape", [name, "split"], [f"{name}4"]) for name in ("q", "k", "v")),
+        *(node("Transpose", [f"{name}4"], [f"{name}t"], perm=[0, 2, 1, 3]) for name in ("q", "k", "v")),
+        *(node("Reshape", [f"{name}t", "merged"], [f"{name}m"]) for name in ("q", "k", "v")),
+        node("Mul", ["qm", "scale"], ["qs"]),
+        node("Transpose", ["km"], ["kT"], perm=[0, 2, 1]),
+        node("MatMul", ["qs", "kT"], ["scores"]),
+        node("Reshape", ["scores", "scores4"], ["s4"]),
+        node("Add", ["s4", "mask"], ["masked"]),
+        node("Reshape", ["masked", "scores3"], ["s3"]),
+        node("Softmax", ["s3"], ["p"], axis=-1),
+        node("MatMul", ["p", "vm"], ["ctx"]),
+        node("Reshape", ["ctx", "heads"], ["ctx4"]),
+        node("Transpose", ["ctx4"], ["ctxt"], perm=[0, 2, 1, 3]),
+        node("Reshape", ["ctxt", "hidden"], ["y"]),
+    ]
+    f32 = TensorProto.FLOAT
+    inputs = [helper.make_tensor_value_info(n, f32, [B, T, H * D]) for n in ("q", "k", "v")]
+    inputs.append(helper.make_tensor_value_info("mask", f32, [B, 1, T, T]))
+    inits = {"split": _ints(B, T, H, D), "merged": _ints(B * H, T, D), "scale": np.array(0.5, np.float32),
+             "scores4": _ints(B, H, T, T), "scores3": _ints(B * H, T, T), "heads": _ints(B, H, T, D),
+             "hidden": _ints(B, T, H * D)}
+    return _model(nodes, inputs, [helper.make_tensor_value_info("y", f32, [B, T, H * D])], inits)
+
+
+def _feeds() -> dict[str, np.ndarray]:
+    feeds = {n: RNG.standard_normal((B, T, H * D)).astype(np.float32) for n in ("q", "k", "v")}
+    feeds["mask"] = np.where(RNG.random((B, 1, T, T)) < 0.2, -1e4, 0.0).astype(np.float32)
+    return feeds
+
+
+def _ops(graph: Graph) -> list[str]:
+    return [n.op for n in graph.nodes() if n.op not in ("Input", "Output", "Constant")]
+
+
+def test_bmm_attention_runs_4d_after_simplify():
+    model = bmm_attention()
+    graph = tilefold.load(model)
+    merged = [n for n in graph.nodes() if n.op == "Reshape" and n.outputs[0].shape[0] == B * H]
+    assert merged == []  # no value holds batch and heads merged
+    assert all(n.outputs[0].rank == 4 for n in graph.nodes() if n.op in ("MatMul", "Softmax"))
+    assert _ops(graph).count("Reshape") == 4  # the three head splits and the final merge
+    feeds = _feeds()
+    (want,) = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    np.testing.assert_allclose(tilefold.compile(graph)(feeds)["y"], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
+def test_bmm_attention_keeps_no_runtime_layout_op(target):
+    opt = tilefold.optimize(tilefold.load(bmm_attention()), target)
+    assert opt.report.to_dict()["layout_ops_after"] == 0
+    feeds = _feeds()
+    want = tilefold.compile(tilefold.load(bmm_attention()))(feeds)["y"]
+    np.testing.assert_allclose(tilefold.compile(opt.graph)(feeds)["y"], want, rtol=1e-5, atol=1e-6)
+
+
+def test_chained_reshapes_read_the_first_input_and_a_reshape_to_its_own_shape_goes():
+    node = helper.make_node
+    model = _model(
+        [node("Reshape", ["x", "a"], ["r1"]), node("Relu", ["r1"], ["u"]), node("Reshape", ["r1", "b"], ["r2"]),
+         node("Reshape", ["r2", "c"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4]),
+         helper.make_tensor_value_info("u", TensorProto.FLOAT, [6, 4])],
+        {"a": _ints(6, 4), "b": _ints(24), "c": _ints(2, 3, 4)})
+    graph = tilefold.load(model)
+    # y is x itself; u reads x as (6, 4), the merge now after the Relu (its only reader)
+    assert _ops(graph) == ["Relu", "Reshape"]
+    x = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    got = tilefold.compile(graph)({"x": x})
+    np.testing.assert_array_equal(got["y"], x)
+    np.testing.assert_array_equal(got["u"], np.maximum(x.reshape(6, 4), 0))
+
+
+def test_merges_that_are_not_batch_stay():
+    """A merge read twice, a Transpose that moves the merged dim, and a MatMul of merges of
+    different leading dims keep their merges (and still compute the same)."""
+    node = helper.make_node
+    model = _model(
+        [node("Reshape", ["x", "m"], ["xm"]), node("Transpose", ["xm"], ["moved"], perm=[1, 0, 2]),
+         node("Relu", ["xm"], ["r"]),
+         node("Reshape", ["z", "m2"], ["zm"]), node("Reshape", ["w", "m3"], ["wm"]),
+         node("MatMul", ["zm", "wm"], ["p"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4, 5]),
+         helper.make_tensor_value_info("z", TensorProto.FLOAT, [2, 3, 4, 5]),
+         helper.make_tensor_value_info("w", TensorProto.FLOAT, [3, 2, 5, 4])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("moved", "r", "p")],
+        {"m": _ints(6, 4, 5), "m2": _ints(6, 4, 5), "m3": _ints(6, 5, 4)})
+    graph = tilefold.load(model)
+    assert [n.outputs[0].shape for n in graph.nodes() if n.op == "Reshape"] == [(6, 4, 5)] * 2 + [(6, 5, 4)]
+    feeds = {n: RNG.standard_normal(s).astype(np.float32) for n, s in
+             (("x", (2, 3, 4, 5)), ("z", (2, 3, 4, 5)), ("w", (3, 2, 5, 4)))}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = tilefold.compile(graph)(feeds)
+    for name, expected in zip(("moved", "r", "p"), want):
+        np.testing.assert_allclose(got[name], expected, rtol=1e-5, atol=1e-6)
