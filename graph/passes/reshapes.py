@@ -13,8 +13,8 @@ merge with one reader moves below it when the reader treats the merged dim as a 
 - an elementwise op whose other operands do not reach the merged dim (a scale, a bias);
 - a MatMul of two merges of equal leading dims (the batched product runs on both).
 The moved merge meets the reshape that splits it again and composes away, so the attention
-runs 4-D as BERT's does, and its head transposes fold into the layouts. Static shapes and
-unencoded values only (layout/ owns encoded ones).
+runs 4-D as BERT's does, and its head transposes fold into the layouts. Static, non-empty
+shapes and unencoded values only (layout/ owns encoded ones).
 """
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ from .pipeline import Pass, PassResult
 
 
 def _static(t: TensorType) -> bool:
-    return t.is_static and t.encoding is None
+    """Static, unencoded and not empty (a 0 in a Reshape's shape would copy an input dim)."""
+    return t.is_static and t.encoding is None and 0 not in t.shape
 
 
 def _compose(graph: Graph) -> PassResult:

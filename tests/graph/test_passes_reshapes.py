@@ -125,3 +125,17 @@ def test_merges_that_are_not_batch_stay():
     got = tilefold.compile(graph)(feeds)
     for name, expected in zip(("moved", "r", "p"), want):
         np.testing.assert_allclose(got[name], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_empty_tensors_keep_their_reshapes():
+    """A 0 in a Reshape's shape copies the input's dim unless allowzero: shapes with an empty
+    dim are left as they are."""
+    node = helper.make_node
+    model = _model(
+        [node("Reshape", ["x", "a"], ["r"], allowzero=1), node("Reshape", ["r", "b"], ["y"], allowzero=1)],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [0, 3, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 0, 4])],
+        {"a": _ints(0, 12), "b": _ints(3, 0, 4)})
+    graph = tilefold.load(model)
+    assert _ops(graph) == ["Reshape", "Reshape"]
+    assert tilefold.compile(graph)({"x": np.zeros((0, 3, 4), np.float32)})["y"].shape == (3, 0, 4)
