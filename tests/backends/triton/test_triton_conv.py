@@ -312,7 +312,6 @@ def test_1d_pools_run_as_kernels(kit, device, op, attrs, packed):
     g.add_output(kit.add(g, "Unpack", [y]) if packed else y, "y")
     got, ref = kit.run_both(g, {"x": x}, device)
     np.testing.assert_allclose(got["y"], ref["y"], rtol=1e-5, atol=1e-6)
-    assert classify(g, g.node(y.node if not packed else g.inputs_of(y.node)[0].node)) != "numpy" or True
     assert [names for names, _ in kernel_sources(g)][-1][:2] == [op.lower(), "relu"]
 
 
