@@ -132,8 +132,9 @@ def compile(graph: Graph, *, device: str | Sequence[str] = "cpu", affinity: Mapp
     device lacks fall back to the next in the request) and runs the Triton backend: each node
     on its own device, several Triton devices at once ("interp:0" and "interp:1", two GPUs)
     each with its own memory arena, and the nodes placed on the host with the NumPy kernels.
-    `kernels="aten"` gives the NumPy backend PyTorch's one-pass kernels for Gelu, Softmax and
-    LayerNormalization (faster; it imports torch, so it is for callers that have it loaded)."""
+    `kernels="aten"` gives the NumPy backend PyTorch's one-pass kernels for Gelu, Erf, Sigmoid,
+    Softmax and LayerNormalization (faster; it imports torch, so it is for callers that have it
+    loaded)."""
     from .backends.devices import HOST, present
     from .backends.numpy.registry import kernel_set
 

@@ -67,8 +67,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-fallback", action="store_true",
                      help="fail instead of running ops without a tilefold kernel through onnx.reference")
     run.add_argument("--kernels", choices=["numpy", "aten"], default="numpy",
-                     help="the NumPy backend's kernel set: aten runs Gelu, Softmax and LayerNormalization with "
-                          "PyTorch's one-pass kernels (faster; importing torch costs seconds)")
+                     help="the NumPy backend's kernel set: aten runs Gelu, Erf, Sigmoid, Softmax and "
+                          "LayerNormalization with PyTorch's one-pass kernels (faster; importing torch costs seconds)")
     run.set_defaults(func=cmd_run)
 
     inspect = sub.add_parser("inspect", help="summarize a model's graph")

@@ -113,7 +113,8 @@ KERNEL_SETS = ("numpy", "aten")
 
 def kernel_set(name: str) -> dict[str, KernelDef]:
     """The kernel table of a named set: "numpy" (the default), or "aten" (kernels/aten.py:
-    PyTorch's one-pass kernels for Gelu, Softmax and LayerNormalization; imports torch)."""
+    PyTorch's one-pass kernels for Gelu, Erf, Sigmoid, Softmax and LayerNormalization; imports
+    torch)."""
     if name == "numpy":
         return KERNELS
     if name == "aten":

@@ -1,5 +1,5 @@
-"""The "aten" kernel set: PyTorch's one-pass kernels for Gelu, Softmax, LogSoftmax and
-LayerNormalization compute what onnxruntime does; nodes they do not cover run the NumPy
+"""The "aten" kernel set: PyTorch's one-pass kernels for Gelu, Erf, Sigmoid, Softmax,
+LogSoftmax and LayerNormalization compute what onnxruntime does; nodes they do not cover run the NumPy
 kernels; torch's thread setting is the caller's again after a run."""
 from __future__ import annotations
 
@@ -44,6 +44,13 @@ def test_gelu(rng, dtype, approximate):
     x = (rng.standard_normal((3, 37, 16)) * 3).astype(dtype)
     # onnxruntime has no float64 Erf
     _check("Gelu", [x], {"approximate": approximate}, reference="onnx" if dtype == np.float64 else "onnxruntime")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("op", ["Erf", "Sigmoid"])
+def test_erf_and_sigmoid(rng, dtype, op):
+    x = (rng.standard_normal((5, 33)) * 4).astype(dtype)
+    _check(op, [x], {}, reference="onnx" if dtype == np.float64 else "onnxruntime")
 
 
 @pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
@@ -92,7 +99,7 @@ def test_torch_threads_are_the_callers_again_after_a_run(rng):
 
 
 def test_the_set_covers_what_it_says(rng):
-    assert sorted(ATEN) == ["Gelu", "LayerNormalization", "LogSoftmax", "Softmax"]
+    assert sorted(ATEN) == ["Erf", "Gelu", "LayerNormalization", "LogSoftmax", "Sigmoid", "Softmax"]
     for dtype, module in ((np.float32, "aten"), (np.float16, "elementwise")):
         model, _ = node_model("Gelu", [rng.standard_normal((2, 3)).astype(dtype)], {}, 1)
         (step,) = NumpyExecutable(load_onnx(model), kernels="aten").steps

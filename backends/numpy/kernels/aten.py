@@ -1,11 +1,11 @@
-"""PyTorch's ATen kernels for the row ops NumPy computes in many passes: Gelu, Softmax,
-LogSoftmax and LayerNormalization, for float32 and float64 data.
+"""PyTorch's ATen kernels for the ops NumPy computes in many passes: Gelu, Erf, Sigmoid,
+Softmax, LogSoftmax and LayerNormalization, for float32 and float64 data.
 
 NumPy has no fused or SIMD erf, so the NumPy backend's Gelu is about 25 ufunc passes over
-its tensor, and Softmax and LayerNormalization a dozen or so; ATen does each in one
-vectorized pass (BERT-base's 128x3072 Gelu: 0.6 against 2.4 ms). The set is not the
-default: importing torch costs seconds, so only callers that have it loaded anyway ask for
-it (the torch.compile backend, `tilefold.compile(..., kernels="aten")`).
+its tensor, Erf about 22, Sigmoid 4, and Softmax and LayerNormalization a dozen or so; ATen
+does each in one vectorized pass (BERT-base's 128x3072 Gelu: 0.6 against 2.4 ms). The set
+is not the default: importing torch costs seconds, so only callers that have it loaded
+anyway ask for it (the torch.compile backend, `tilefold.compile(..., kernels="aten")`).
 
 ATen runs each call on one thread. Its OpenMP workers and OpenBLAS's threads both spin for
 a while after their work: with two OpenMP threads, BERT-base's GEMMs took 2.4x as long as
@@ -70,6 +70,17 @@ def _gelu(spec: KernelSpec) -> Run | None:
     return run
 
 
+def _unary(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[KernelSpec], Run]:
+    def build(spec: KernelSpec) -> Run:
+        def run(x: np.ndarray) -> np.ndarray:
+            with one_thread():
+                return fn(tensor(x)).numpy()
+
+        return run
+
+    return build
+
+
 def _softmax(log: bool) -> Callable[[KernelSpec], Run | None]:
     fn = torch.log_softmax if log else torch.softmax
 
@@ -118,14 +129,16 @@ def _aten(op: str, build: Callable[[KernelSpec], Run | None]) -> KernelDef:
         run = build(spec) if _covers(spec) else None
         return run if run is not None else numpy.build(spec)
 
-    # ATen's kernels allocate their results: not in place (Gelu stays `physical`: on a packed
-    # buffer it runs as it is, like NumPy's; the row ops meet packed operands through the
-    # NumPy entry's packed factories)
+    # ATen's kernels allocate their results: not in place (the elementwise ones stay
+    # `physical`: on a packed buffer they run as they are, like NumPy's; the row ops meet
+    # packed operands through the NumPy entry's packed factories)
     return dataclasses.replace(numpy, build=build_either, inplace=False)
 
 
 ATEN: dict[str, KernelDef] = {
     "Gelu": _aten("Gelu", _gelu),
+    "Erf": _aten("Erf", _unary(torch.erf)),  # Gelu as older exports write it, around an Erf
+    "Sigmoid": _aten("Sigmoid", _unary(torch.sigmoid)),  # SiLU's gate
     "Softmax": _aten("Softmax", _softmax(log=False)),
     "LogSoftmax": _aten("LogSoftmax", _softmax(log=True)),
     "LayerNormalization": _aten("LayerNormalization", _layer_norm),
