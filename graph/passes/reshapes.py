@@ -79,7 +79,7 @@ def _unmerged(node: Node, graph: Graph) -> tuple[list[Value | None], dict, Tenso
     """How `node`, reading a merge at operand 0 (and MatMul at 1 too), runs on the unmerged
     operands: its inputs, attributes and result type; None where it cannot."""
     inputs = graph.inputs_of(node.name)
-    x = _merged(graph, inputs[0])
+    x = _merged(graph, inputs[0]) if inputs else None  # an op run by onnx.reference may read nothing
     if x is None or len(node.outputs) != 1 or not _static(node.outputs[0]):
         return None
     lead = graph.type_of(x).shape[:2]

@@ -139,3 +139,4 @@ def test_empty_tensors_keep_their_reshapes():
     graph = tilefold.load(model)
     assert _ops(graph) == ["Reshape", "Reshape"]
     assert tilefold.compile(graph)({"x": np.zeros((0, 3, 4), np.float32)})["y"].shape == (3, 0, 4)
+
