@@ -108,9 +108,7 @@ def _unmerged(node: Node, graph: Graph) -> tuple[list[Value | None], dict, Tenso
 def _sink(graph: Graph) -> PassResult:
     modified = False
     for node in graph.nodes():
-        if node.name not in graph or node.op in ("Input", "Output", "Constant", "Reshape"):
-            continue
-        plan = _unmerged(node, graph)
+        plan = _unmerged(node, graph) if node.name in graph else None
         if plan is None:
             continue
         inputs, attrs, unmerged = plan

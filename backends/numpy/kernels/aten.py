@@ -58,40 +58,32 @@ def _covers(spec: KernelSpec) -> bool:
     return x is not None and x.dtype in _FLOATS and out.dtype == x.dtype and x.rank > 0
 
 
-def _gelu(spec: KernelSpec) -> Run | None:
-    approximate = spec.attrs.get("approximate", "none")
-    if approximate not in ("none", "tanh"):
-        return None
-
+def _one_pass(fn: Callable[[torch.Tensor], torch.Tensor]) -> Run:
+    """`run(x)`: `fn` on `x` wrapped as a tensor, on one thread, as an array."""
     def run(x: np.ndarray) -> np.ndarray:
         with one_thread():
-            return torch.nn.functional.gelu(tensor(x), approximate=approximate).numpy()
+            return fn(tensor(x)).numpy()
 
     return run
 
 
+def _gelu(spec: KernelSpec) -> Run | None:
+    approximate = spec.attrs.get("approximate", "none")
+    if approximate not in ("none", "tanh"):
+        return None
+    return _one_pass(lambda t: torch.nn.functional.gelu(t, approximate=approximate))
+
+
 def _unary(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[KernelSpec], Run]:
-    def build(spec: KernelSpec) -> Run:
-        def run(x: np.ndarray) -> np.ndarray:
-            with one_thread():
-                return fn(tensor(x)).numpy()
-
-        return run
-
-    return build
+    return lambda spec: _one_pass(fn)
 
 
-def _softmax(log: bool) -> Callable[[KernelSpec], Run | None]:
+def _softmax(log: bool) -> Callable[[KernelSpec], Run]:
     fn = torch.log_softmax if log else torch.softmax
 
     def build(spec: KernelSpec) -> Run:
         axis = int(spec.attrs.get("axis", -1)) % spec.in_types[0].rank
-
-        def run(x: np.ndarray) -> np.ndarray:
-            with one_thread():
-                return fn(tensor(x), axis).numpy()
-
-        return run
+        return _one_pass(lambda t: fn(t, axis))
 
     return build
 
