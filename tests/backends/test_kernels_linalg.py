@@ -7,6 +7,8 @@ import pytest
 from tilefold.backends.numpy.kernels.common import window_geometry
 from tilefold.backends.numpy.kernels.linalg import conv, conv_weight_matrix
 
+from .conftest import node_model
+
 F32 = np.float32
 
 
@@ -223,6 +225,47 @@ def test_convs_with_few_output_channels_take_tap_products(check, rng, monkeypatc
     args = [normal(rng, 2, 16, 9, 8), normal(rng, 8, 16, 3, 3) * 0.2, normal(rng, 8)]
     check("Conv", args, {"pads": [1, 0, 2, 1], "strides": [1, 1]}, consts=consts, rtol=1e-4, atol=1e-4)
     assert calls == [(2, 16, 9, 8)]
+
+
+@pytest.mark.parametrize("x_shape, kernel, strides, pads", [
+    ((2, 3, 17, 19), (3, 4), (2, 3), (1, 2, 0, 1)),
+    ((1, 2, 9), (5,), (3,), (2, 1)),  # 1-D
+    ((1, 2, 7, 8, 9), (2, 3, 2), (2, 2, 3), (0, 1, 1, 1, 0, 2)),  # 3-D
+    ((1, 4, 10, 10), (1, 1), (2, 2), (0, 0, 0, 0)),  # fewer taps than phases
+    ((1, 3, 11, 11), (7, 7), (2, 2), (3, 3, 3, 3)),
+    ((1, 1, 5, 5), (2, 2), (4, 4), (0, 0, 1, 1)),  # stride beyond the kernel
+])
+def test_strided_columns_from_stride_phases_equal_the_windows_copy(rng, x_shape, kernel, strides, pads):
+    from tilefold.backends.numpy.kernels.common import _phase_columns, windows
+
+    x = normal(rng, *x_shape)
+    geo = window_geometry({"strides": strides, "pads": pads}, x_shape[2:], kernel)
+    nd = len(kernel)
+    want = windows(x, geo).transpose(0, 1, *range(2 + nd, 2 + 2 * nd), *range(2, 2 + nd))
+    np.testing.assert_array_equal(_phase_columns(x, geo), want)
+
+
+@pytest.mark.parametrize("target", [None, "cpu"])
+def test_a_strided_stem_conv_with_long_rows_reads_stride_phases(rng, monkeypatch, target):
+    """ResNet's 7x7/2 stem, shrunk in height: its columns come from the stride phases, on the
+    plain and the channels-last kernel, and it matches onnxruntime."""
+    import onnxruntime as ort
+
+    import tilefold
+    from tilefold.backends.numpy.kernels import common
+
+    calls = []
+    original = common._phase_columns
+    monkeypatch.setattr(common, "_phase_columns", lambda x, geo: calls.append(x.shape) or original(x, geo))
+    args = [normal(rng, 1, 3, 9, 200), normal(rng, 8, 3, 7, 7), normal(rng, 8)]
+    model, feeds = node_model("Conv", args, {"strides": [2, 2], "pads": [3, 3, 3, 3]}, 1, consts={1, 2})
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    graph = tilefold.load(model)
+    if target is not None:
+        graph = tilefold.optimize(graph, target).graph
+    got = next(iter(tilefold.compile(graph)(feeds).values()))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert calls == [(1, 3, 9, 200)]
 
 
 @pytest.mark.parametrize("const", [(), (1, 2)])

@@ -8,7 +8,6 @@ and, where Winograd applies, into its transformed form (16, F, C).
 """
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import numpy as np
@@ -16,7 +15,8 @@ import numpy as np
 from ....graph.ops.linalg import einsum_terms
 from ....graph.ops.shapes import transposed_window, window_attrs
 from ..registry import KernelSpec, Run, kernel
-from .common import Window, check_dtypes, dense, is_splat, prod, unsupported, window_geometry, windows
+from .common import (Window, check_dtypes, dense, is_splat, nchw_columns, prod, transposed_taps, unsupported,
+                     window_geometry)
 from .conv_taps import conv_taps, tap_weights, worth_taps
 from .depthwise import DepthwiseWeights, depthwise
 from .winograd import weight_transform, winograd_conv
@@ -125,12 +125,7 @@ def conv(x: np.ndarray, wmat: np.ndarray, kernel_shape: tuple[int, ...], attrs: 
     if pointwise:  # a plain GEMM on the NC* buffer
         cols = x.reshape(n, groups, c // groups, -1)
     else:
-        view = windows(x, geo)  # (N, C, *out, *k)
-        nd = len(kernel_shape)
-        view = view.reshape(n, groups, c // groups, *view.shape[2:])
-        spatial = tuple(range(3, 3 + nd))
-        kernel_axes = tuple(range(3 + nd, 3 + 2 * nd))
-        cols = view.transpose(0, 1, 2, *kernel_axes, *spatial).reshape(n, groups, -1, prod(geo.out_shape))
+        cols = nchw_columns(x, geo, groups)
     if n == 1 and groups == 1:
         y = np.matmul(wmat[0], cols[0, 0])
     else:
@@ -269,19 +264,8 @@ def _conv_transpose(spec: KernelSpec) -> Run:
         cols = np.matmul(wt, x.reshape(n, groups, c // groups, prod(space)))  # (N, g, F/g * K, P)
         cols = cols.reshape(n, groups * per_group, *kernel, *space)
         y = np.zeros((n, groups * per_group, *out), x.dtype)
-        for offset in itertools.product(*(range(k) for k in kernel)):
-            source, target = [], []
-            for i, size in enumerate(space):
-                shift = offset[i] * dilations[i] - begins[i]  # output position of input 0
-                first = max(0, -(-(-shift) // strides[i]))  # the first input landing at >= 0
-                last = min(size, -(-(out[i] - shift) // strides[i]))  # past the last landing < out
-                if first >= last:
-                    break
-                source.append(slice(first, last))
-                start = first * strides[i] + shift
-                target.append(slice(start, start + (last - first - 1) * strides[i] + 1, strides[i]))
-            else:
-                y[(slice(None), slice(None), *target)] += cols[(slice(None), slice(None), *offset, *source)]
+        for offset, source, target in transposed_taps(space, out, kernel, strides, dilations, begins):
+            y[(slice(None), slice(None), *target)] += cols[(slice(None), slice(None), *offset, *source)]
         if b is not None:
             y += b.reshape(-1, *(1,) * len(space))
         return y

@@ -33,7 +33,7 @@ import numpy as np
 
 from ....layout.encoding import PackedEncoding
 from ..registry import KernelSpec, Run, packed_kernel
-from .common import Window, check_dtypes, dense, is_splat, prod, tap_slices, window_geometry, windows
+from .common import Window, check_dtypes, dense, is_splat, nchw_columns, prod, tap_slices, window_geometry
 from .conv_taps import FEW_OUTPUTS, conv_taps, tap_weights, worth_taps
 from .depthwise import DepthwiseWeights, depthwise
 from .linalg import splat_conv, wide
@@ -92,19 +92,8 @@ def im2col(x: np.ndarray, geo: Window, groups: int) -> np.ndarray:
     return cols
 
 
-def im2col_nchw(x: np.ndarray, geo: Window, groups: int) -> np.ndarray:
-    """(N, g, C/g * prod(k), prod(out)) from an NC* buffer: the NCHW kernel's im2col, whose
-    copy runs along the input's rows (channels-last rows of 3 channels copy 2x slower)."""
-    nd = len(geo.kernel)
-    view = windows(x, geo)  # (N, C, *out, *k)
-    n, c = view.shape[:2]
-    view = view.reshape(n, groups, c // groups, *view.shape[2:])
-    order = (0, 1, 2, *range(3 + nd, 3 + 2 * nd), *range(3, 3 + nd))
-    return np.ascontiguousarray(view.transpose(order)).reshape(n, groups, -1, prod(geo.out_shape))
-
-
 def gemm_conv_columns(cols: np.ndarray, wmat: np.ndarray, out_shape: Sequence[int]) -> np.ndarray:
-    """`im2col_nchw`'s (N, g, Kg, M) times wmat (g, Kg, F/g) as an (N, *out, F) buffer: BLAS
+    """`nchw_columns`' (N, g, Kg, M) times wmat (g, Kg, F/g) as an (N, *out, F) buffer: BLAS
     reads the columns transposed, so the result comes out channels-last."""
     n, groups, _, m = cols.shape
     fg = wmat.shape[-1]
@@ -150,7 +139,7 @@ class ConvWeights:
 
     @functools.cached_property
     def gemm_channels_first(self) -> np.ndarray:
-        """(g, C/g * prod(k), F/g): the operand of `im2col_nchw`'s (C/g, *k) rows."""
+        """(g, C/g * prod(k), F/g): the operand of `nchw_columns`' (C/g, *k) rows."""
         *k, cg, f = self.rscf.shape
         g = self.groups
         per = self.rscf.reshape(prod(k), cg, g, f // g).transpose(2, 1, 0, 3)
@@ -221,7 +210,7 @@ def conv_nhwc(x: np.ndarray, weights: ConvWeights, plan: _Plan, bias: np.ndarray
             return np.ascontiguousarray(np.moveaxis(y, 1, -1))
         return conv_taps(x, weights.taps, geo, True, bias)
     elif nchw:
-        y = gemm_conv_columns(im2col_nchw(x, geo, g), weights.gemm_channels_first, geo.out_shape)
+        y = gemm_conv_columns(nchw_columns(x, geo, g), weights.gemm_channels_first, geo.out_shape)
     else:
         y = gemm_conv(im2col(x, geo, g), weights.gemm)
     if bias is not None:

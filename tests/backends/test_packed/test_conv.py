@@ -145,7 +145,7 @@ def test_pointwise_conv_is_one_gemm_on_the_buffer(packed_check, rng, monkeypatch
         raise AssertionError("1x1 conv copied its input")
 
     monkeypatch.setattr(packed_conv, "im2col", refuse)
-    monkeypatch.setattr(packed_conv, "im2col_nchw", refuse)
+    monkeypatch.setattr(packed_conv, "nchw_columns", refuse)
     x, w, b = _conv_args(rng, (2, 100, 5, 7), (30, 100, 1, 1))
     packed_check("Conv", [x, w, b], [NHWC, RSCF, None], [NHWC], consts=(1, 2), rtol=1e-4, atol=1e-4)
 
@@ -165,7 +165,7 @@ def test_few_output_channels_take_tap_products_instead_of_im2col(packed_check, r
 
     if taps:
         monkeypatch.setattr(packed_conv, "im2col", refuse)
-        monkeypatch.setattr(packed_conv, "im2col_nchw", refuse)
+        monkeypatch.setattr(packed_conv, "nchw_columns", refuse)
     else:
         monkeypatch.setattr(packed_conv, "conv_taps", refuse)
     x, w, b = _conv_args(rng, (2, 12, 10, 9), (f, 12, 3, 3))
