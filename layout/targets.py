@@ -1,8 +1,8 @@
 """Targets: tiling policies, one per kind of device, in a registry a user extends from Python.
 
-A target answers one question: for this anchor op (MatMul, Gemm, Conv) with these operand
-types, which encoding should each operand and the result have? Hardware facts (vector
-widths, kernel block sizes) live here and nowhere else.
+A target answers one question: for this anchor op (MatMul, Gemm, Conv; ConvTranspose on the
+cpu target) with these operand types, which encoding should each operand and the result
+have? Hardware facts (vector widths, kernel block sizes) live here and nowhere else.
 
     class MyTarget(Target): ...
     register_target(MyTarget("mine"))
@@ -27,6 +27,12 @@ def channels_last(rank: int) -> PackedEncoding:
 def gemm_weight(rank: int) -> PackedEncoding:
     """(*k, C/group, F): a conv weight in GEMM form, for any spatial rank."""
     return PackedEncoding((), (), (*range(2, rank), 1, 0))
+
+
+def transposed_weight(rank: int) -> PackedEncoding:
+    """(C, *k, F/group): a ConvTranspose weight (C, F/group, *k) in GEMM form, each group's
+    (C/group, prod(k) * F/group) matrix contiguous, for any spatial rank."""
+    return PackedEncoding((), (), (0, *range(2, rank), 1))
 
 
 NHWC = channels_last(4)
@@ -75,10 +81,11 @@ class Target:
         return f"<target {self.name}>"
 
 
-def _conv(node: Node, in_types: Sequence[TensorType | None], ranks: frozenset[int]) -> bool:
+def _conv(node: Node, in_types: Sequence[TensorType | None], ranks: frozenset[int],
+          ops: frozenset[str] = frozenset({"Conv"})) -> bool:
     x = in_types[0] if in_types else None
     w = in_types[1] if len(in_types) > 1 else None
-    return node.op == "Conv" and x is not None and w is not None and x.rank in ranks and w.rank == x.rank
+    return node.op in ops and x is not None and w is not None and x.rank in ranks and w.rank == x.rank
 
 
 def _conv2d(node: Node, in_types: Sequence[TensorType | None]) -> bool:
@@ -101,17 +108,21 @@ class CpuTarget(Target):
     """Tuned for the NumPy kernels: channels-last convolution (im2col copies whole channel
     rows and 1x1 convs are GEMMs on the activation buffer with no copy: 48.3 ms against
     49.8 ms for the NCHW kernel summed over ResNet-50's convs), 1-D ones too (an audio stem's
-    transpose to (N, T, C) is then a relabeling), weights pre-packed as GEMM operands. MatMul and Gemm stay row-major: BLAS reads either operand transposed at no
-    cost, and reads and writes strided matrices (attention heads) in place."""
+    transpose to (N, T, C) is then a relabeling), weights pre-packed as GEMM operands.
+    ConvTranspose too, so that a decoder's upsampling between channels-last convs moves no
+    data. MatMul and Gemm stay row-major: BLAS reads either operand transposed at no cost, and
+    reads and writes strided matrices (attention heads) in place."""
 
     name = "cpu"
+    anchors = Target.anchors | {"ConvTranspose"}
 
     def anchor_layout(self, node: Node, in_types: Sequence[TensorType | None]) -> AnchorLayout | None:
-        if not _conv(node, in_types, frozenset({3, 4})):
+        if not _conv(node, in_types, frozenset({3, 4}), frozenset({"Conv", "ConvTranspose"})):
             return None
         rank = in_types[0].rank
         activations = channels_last(rank)
-        operands = (canonical(activations, in_types[0].shape), gemm_weight(rank)) + (None,) * (len(in_types) - 2)
+        weight = transposed_weight(rank) if node.op == "ConvTranspose" else gemm_weight(rank)
+        operands = (canonical(activations, in_types[0].shape), weight) + (None,) * (len(in_types) - 2)
         return AnchorLayout(operands, canonical(activations, node.outputs[0].shape), reads_identity=True)
 
     def reads(self, node: Node, slot: int, t: TensorType) -> bool:

@@ -31,7 +31,8 @@ from ...graph.errors import TilefoldError, where
 from ...graph.types import Splat, TensorType
 from ...layout.encoding import PackedEncoding
 from .kernels import (  # noqa: F401
-    packed_conv, packed_layout, packed_linalg, packed_nn, packed_reduce, packed_resample, packed_tensor)
+    packed_conv, packed_conv_transpose, packed_layout, packed_linalg, packed_nn, packed_reduce, packed_resample,
+    packed_tensor)
 from .kernels.packed_layout import as_encoding, logical_shape, pack_buffer, same_buffer, unpack_buffer
 from .registry import KERNELS, KernelDef, KernelSpec, Run
 

@@ -1,6 +1,7 @@
-"""Anchor ops, the ones a layout target chooses tiles for: MatMul, Gemm and Conv; and
-ConvTranspose and Einsum, which are not anchors and have no signature (layouts stop there;
-`tilefold.load` lowers an Einsum to MatMuls where it can: graph/passes/einsum.py).
+"""Anchor ops, the ones a layout target chooses tiles for: MatMul, Gemm, Conv and
+ConvTranspose (which has no signature: layouts reach it only through a target that takes it
+as an anchor, the cpu target's channels-last); and Einsum, which has none either (layouts
+stop there; `tilefold.load` lowers an Einsum to MatMuls where it can: graph/passes/einsum.py).
 
 Signatures (k, c and the kernel dims are reductions; conv spatial dims are windows):
 - MatMul `...mk,...kn->...mn`, batch dims broadcast numpy-style; a 1-D A has no m
@@ -202,10 +203,11 @@ def _conv_transpose_infer(attrs, types, consts):
 
 
 register(OpDef(
-    "ConvTranspose", infer=_conv_transpose_infer, layout="sensitive",
+    "ConvTranspose", infer=_conv_transpose_infer, layout="anchor",
     min_inputs=2, max_inputs=3, defaults={"auto_pad": "NOTSET", "group": 1},
-    doc="The gradient of Conv: W is (C, F/group, *kernel). No iteration signature: layouts "
-        "stop here (it is not an anchor of the built-in targets).",
+    doc="The gradient of Conv: W is (C, F/group, *kernel). No iteration signature: a layout "
+        "never maps through it; a target that lists it as an anchor (cpu) chooses its operands' "
+        "and result's encodings.",
 ))
 
 

@@ -91,6 +91,30 @@ def test_conv_transpose_matches_torch(kit, device, case, packed_input):
     assert len(kernel_sources(g)) == 1 + packed_input
 
 
+def test_conv_transpose_planned_channels_last_by_the_cpu_target(kit, device):
+    """The cpu target's ConvTranspose (channels-last input and result, weight in its GEMM form
+    (C, *k, F/g)) runs in a Triton kernel as the NumPy backend runs it."""
+    from tilefold.layout.targets import channels_last, transposed_weight
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 6, 4, 5)).astype(F32)
+    w = rng.standard_normal((6, 4, 3, 3)).astype(F32)
+    b = rng.standard_normal(8).astype(F32)
+    g = Graph("conv_transpose_nhwc")
+    xv = kit.add(g, "Pack", [g.add_input("x", TensorType(x.shape, F32))], {"encoding": channels_last(4)},
+                 encoding=channels_last(4))
+    wv = kit.packed_const(g, w, transposed_weight(4), "w")
+    attrs = {"strides": (2, 2), "pads": (1, 0, 1, 1), "output_padding": (1, 1), "group": 2}
+    y = kit.add(g, "ConvTranspose", [xv, wv, g.add_constant(b, name="b")], attrs, encoding=channels_last(4))
+    g.add_output(kit.add(g, "Unpack", [y]), "y")
+    got, want = kit.run_both(g, {"x": x}, device)
+    np.testing.assert_allclose(got["y"], want["y"], rtol=1e-4, atol=1e-4)
+    reference = torch.nn.functional.conv_transpose2d(
+        torch.from_numpy(x).double(), torch.from_numpy(w).double(), torch.from_numpy(b).double(), stride=2,
+        padding=0, output_padding=1, groups=2).numpy()[:, :, 1:-1, :-1]
+    np.testing.assert_allclose(got["y"], reference, rtol=1e-4, atol=1e-4)
+
+
 def test_conv_transpose_conformance_cases(kit, device):
     """Every 1-D and 2-D case (output_shape, auto_pad, pads, dilations, kernel_shape); 3-D ones
     run on the NumPy backend."""
