@@ -185,15 +185,16 @@ def _producer(graph: Graph, value: Value | None) -> Node | None:
 
 
 def _source(graph: Graph, value: Value | None, enc: PackedEncoding | None,
-            shape: tuple[int, ...] | None = None) -> Value | None | bool:
+            shape: tuple[int, ...] | None = None, dry: bool = False) -> Value | None | bool:
     """What a node may read for `value` in encoding `enc` without a new runtime layout op:
     the value itself (enc None), a packed constant (reshaped to `shape` first, when given),
-    or the packed input of an Unpack."""
+    or the packed input of an Unpack. `dry` only asks: a constant is then not packed (the
+    value itself stands for it)."""
     if value is None or enc is None:
         return value
     producer = _producer(graph, value)
     if producer.op == CONSTANT:
-        return _packed_constant(graph, producer, enc, shape)
+        return value if dry else _packed_constant(graph, producer, enc, shape)
     if shape is not None:
         return False
     if producer.op == UNPACK:
@@ -261,7 +262,7 @@ def _sources_for(graph: Graph, node: Node, mapping: Mapping, budget: int = 0) ->
         if i in mapping.ranked or t.encoding is not None or not t.is_static:
             return None
         existing = [u for u, _ in graph.users(v) if graph.node(u).op == PACK and graph.node(u).attrs["encoding"] == enc]
-        plan[i] = (Value(existing[0]) if existing else None, t.nbytes())
+        plan[i] = (Value(existing[0]) if existing else None, 0 if _pack_moves_up(graph, v, enc) else t.nbytes())
     spent = sum(cost for _, cost in plan.values())
     adds = any(found is None for found, _ in plan.values())
     if spent > budget or (adds and spent == budget):
@@ -275,6 +276,27 @@ def _sources_for(graph: Graph, node: Node, mapping: Mapping, budget: int = 0) ->
                                          name=f"pack_{node.name}_{i}", origin=node.origin).name)
         sources[i] = found
     return sources  # type: ignore[return-value]
+
+
+def _pack_moves_up(graph: Graph, value: Value, enc: PackedEncoding) -> bool:
+    """Whether a Pack of `value` into `enc` costs nothing: `push_up` moves it through the
+    producer, read by nothing else, onto operands that are constants or read in `enc`'s
+    image with no copy (a channels-last product of (1, C, 1, 1) and (1, 1, H, W), whose
+    images are relabelings). Permutations only: a tile would put padding to check on it."""
+    if enc.inner_tiles or len(graph.users(value)) != 1:
+        return False
+    producer = _producer(graph, value)
+    if producer is None or len(producer.outputs) != 1:
+        return False
+    found = _signature_of(graph, producer)
+    if found is None:
+        return False
+    mapping = map_encoding(producer, *found, (True, 0), enc)
+    if mapping is None:
+        return False
+    inputs = graph.inputs_of(producer.name)
+    return all(_source(graph, v, e, mapping.ranked.get(i), dry=True) is not False
+               for i, (v, e) in enumerate(zip(inputs, mapping.operands)))
 
 
 def _signature_of(graph: Graph, node: Node) -> tuple[Signature, list[TensorType | None]] | None:
