@@ -281,9 +281,11 @@ def _sources_for(graph: Graph, node: Node, mapping: Mapping, budget: int = 0) ->
 def _pack_moves_up(graph: Graph, value: Value, enc: PackedEncoding) -> bool:
     """Whether a Pack of `value` into `enc` costs nothing: `push_up` moves it through the
     producer, read by nothing else, onto operands that are constants or read in `enc`'s
-    image with no copy (a channels-last product of (1, C, 1, 1) and (1, 1, H, W), whose
-    images are relabelings). Permutations only: a tile would put padding to check on it."""
-    if enc.inner_tiles or len(graph.users(value)) != 1:
+    image with no copy (a channels-last or channel-tiled product of (1, C, 1, 1) and
+    (1, 1, H, W), whose images are relabelings). Unpadded only: padding would have to hold
+    what the Pack promises."""
+    t = graph.type_of(value)
+    if not t.is_static or enc.is_padded(t.shape) or len(graph.users(value)) != 1:
         return False
     producer = _producer(graph, value)
     if producer is None or len(producer.outputs) != 1:

@@ -425,12 +425,14 @@ def test_a_small_broadcast_mask_is_packed_once_and_residuals_share_the_layernorm
     assert all(n.outputs[0].encoding is not None for n in adds)
 
 
+@pytest.mark.parametrize("target", ["cpu", "gpu"])
 @pytest.mark.parametrize("moves_up", [True, False])
-def test_a_product_of_broadcast_operands_writes_its_readers_layout(monkeypatch, moves_up):
-    """FocalNet's modulation: a residual Add of a conv's channels-last result and the product
-    of a (N, C, 1, 1) gate and an (N, 1, H, W) map, read by the next conv. The product takes
-    channels-last at no cost (both operands are relabelings in it), so the conv's Unpack goes;
-    without that look-ahead, packing the product would cost the bytes the Unpack moves."""
+def test_a_product_of_broadcast_operands_writes_its_readers_layout(monkeypatch, target, moves_up):
+    """FocalNet's modulation: a residual Add of a conv's packed result and the product of a
+    (N, C, 1, 1) gate and an (N, 1, H, W) map, read by the next conv. The product takes the
+    conv's layout at no cost (both operands are relabelings in it: channels-last, or 16-channel
+    tiles of 16 channels), so the conv's Unpack goes; without that look-ahead, packing the
+    product would cost the bytes the Unpack moves."""
     from tilefold.layout import propagate
 
     if not moves_up:
@@ -443,12 +445,12 @@ def test_a_product_of_broadcast_operands_writes_its_readers_layout(monkeypatch, 
         helper.make_node("Add", ["a", "product"], ["s"]),
         helper.make_node("Conv", ["s", "w1"], ["y"]),
     ]
-    weights = {"w0": conv_weights(8, 3), "w1": conv_weights(4, 8, 1)}
-    proto = model(nodes, [("x", [2, 3, 6, 5]), ("gate_in", [2, 8, 1, 1]), ("map_in", [2, 1, 6, 5])], ["y"], weights)
+    weights = {"w0": conv_weights(16, 3), "w1": conv_weights(4, 16, 1)}
+    proto = model(nodes, [("x", [2, 3, 6, 5]), ("gate_in", [2, 16, 1, 1]), ("map_in", [2, 1, 6, 5])], ["y"], weights)
     feeds = {"x": RNG.standard_normal((2, 3, 6, 5)).astype(np.float32),
-             "gate_in": RNG.standard_normal((2, 8, 1, 1)).astype(np.float32),
+             "gate_in": RNG.standard_normal((2, 16, 1, 1)).astype(np.float32),
              "map_in": RNG.standard_normal((2, 1, 6, 5)).astype(np.float32)}
-    after = check(proto, target="cpu", feeds=feeds)
+    after = check(proto, target=target, feeds=feeds)
     assert len(runtime_layout_ops(after)) == (0 if moves_up else 1)
 
 
