@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import itertools
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -218,7 +218,9 @@ def conv_nhwc(x: np.ndarray, weights: ConvWeights, plan: _Plan, bias: np.ndarray
     return y
 
 
-def _accepts(spec: KernelSpec) -> bool:
+def accepts_channels_last(spec: KernelSpec, weight_perm: Callable[[int], tuple[int, ...]]) -> bool:
+    """A float conv-like node (Conv, ConvTranspose) whose activations are channels-last or
+    identity, whose weight is permuted by `weight_perm(rank)` or identity, and whose bias is plain."""
     x, w = spec.in_types[0], spec.in_types[1]
     b = spec.in_types[2] if len(spec.in_types) > 2 else None
     y = spec.out_types[0]
@@ -231,7 +233,7 @@ def _accepts(spec: KernelSpec) -> bool:
     return (
         (x.encoding is None or is_permutation(x.encoding, last))
         and (y.encoding is None or is_permutation(y.encoding, last))
-        and (w.encoding is None or is_permutation(w.encoding, weight_gemm(w.rank)))
+        and (w.encoding is None or is_permutation(w.encoding, weight_perm(w.rank)))
         and (b is None or b.encoding is None)
     )
 
@@ -239,7 +241,7 @@ def _accepts(spec: KernelSpec) -> bool:
 @packed_kernel("Conv")
 def packed_conv(spec: KernelSpec) -> Run | None:
     """Conv on channels-last and RSCF buffers (see the module docstring), or None."""
-    if not _accepts(spec):
+    if not accepts_channels_last(spec, weight_gemm):
         return None
     check_dtypes(spec)
     x_type, w_type, y_type = spec.in_types[0], spec.in_types[1], spec.out_types[0]

@@ -20,7 +20,7 @@ from ....graph.ops.shapes import transposed_window, window_attrs
 from ..registry import KernelSpec, Run, packed_kernel
 from .common import check_dtypes, prod, transposed_taps
 from .linalg import wide
-from .packed_conv import channels_last, is_permutation
+from .packed_conv import accepts_channels_last, channels_last
 
 
 def transposed_gemm(w: np.ndarray, packed: bool, groups: int) -> np.ndarray:
@@ -64,28 +64,10 @@ def conv_transpose_nhwc(x: np.ndarray, wmat: np.ndarray, kernel: tuple[int, ...]
     return y
 
 
-def _accepts(spec: KernelSpec) -> bool:
-    x, w = spec.in_types[0], spec.in_types[1]
-    b = spec.in_types[2] if len(spec.in_types) > 2 else None
-    y = spec.out_types[0]
-    if x is None or w is None or x.rank < 3 or x.rank != w.rank or len(spec.out_types) != 1:
-        return False
-    if x.dtype not in (np.float16, np.float32, np.float64) or spec.attrs.get("auto_pad", "NOTSET") not in (
-            "NOTSET", "SAME_UPPER", "SAME_LOWER", "VALID"):
-        return False
-    last = channels_last(x.rank)
-    return (
-        (x.encoding is None or is_permutation(x.encoding, last))
-        and (y.encoding is None or is_permutation(y.encoding, last))
-        and (w.encoding is None or is_permutation(w.encoding, last))
-        and (b is None or b.encoding is None)
-    )
-
-
 @packed_kernel("ConvTranspose")
 def packed_conv_transpose(spec: KernelSpec) -> Run | None:
     """ConvTranspose on channels-last buffers and a GEMM-form weight (module docstring), or None."""
-    if not _accepts(spec):
+    if not accepts_channels_last(spec, channels_last):
         return None
     check_dtypes(spec)
     attrs = dict(spec.attrs)
