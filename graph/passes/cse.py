@@ -1,7 +1,8 @@
 """Common-subexpression elimination: merge pure nodes with the same op, attributes and inputs.
 
 Constants merge too when they hold the same data (splats by value and shape; arrays up to
-`MAX_CONST_BYTES` by content, so merging stays cheap).
+`MAX_CONST_BYTES` by content, so merging stays cheap). The one kept takes a merged one's
+`DEQUANTIZED` origin when it has none: the same floats, so the same integers give them.
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any, Hashable
 
 import numpy as np
 
-from ..graph import CONSTANT, INPUT, OUTPUT, Graph, Node
+from ..graph import CONSTANT, DEQUANTIZED, INPUT, OUTPUT, Graph, Node
 from ..registry import get
 from ..types import Splat, Value
 from .pipeline import Pass, PassResult
@@ -53,6 +54,8 @@ def _cse(graph: Graph) -> PassResult:
         first = seen.setdefault(key, node)
         if first is node or first.outputs != node.outputs:
             continue
+        if DEQUANTIZED in node.attrs:
+            first.attrs.setdefault(DEQUANTIZED, node.attrs[DEQUANTIZED])
         for k in range(len(node.outputs)):
             graph.replace_all_uses(Value(node.name, k), Value(first.name, k))
         graph.remove_node(node.name)

@@ -147,6 +147,31 @@ def test_cse_merges_identical_nodes_and_says_so_once():
     verify_graph(g)
 
 
+def test_cse_keeps_the_integer_origin_of_a_merged_constant():
+    """Two equal weights, one folded from DequantizeLinear: the one kept remembers its integers,
+    so a written model stores them whichever of the two came first."""
+    from tilefold.graph.graph import DEQUANTIZED
+    from tilefold.graph.ops.quantize import dequantized_value
+    from tilefold.graph.types import Dequantized
+
+    q = RNG.integers(-128, 128, (4, 6)).astype(np.int8)
+    scale = np.array(0.05, np.float32)
+    origin = Dequantized(q, scale, None, 1, 0)
+    floats = dequantized_value(origin)
+    g = Graph("g")
+    x = g.add_input("x", TensorType((3, 4), F32))
+    plain = g.add_constant(floats.copy(), name="plain")
+    quantized = g.add_constant(floats.copy(), name="quantized", dequantized=origin)
+    a = g.add_node("MatMul", [x, plain], [TensorType((3, 6), F32)], {}, name="a")
+    b = g.add_node("MatMul", [x, quantized], [TensorType((3, 6), F32)], {}, name="b")
+    g.add_output(Value(g.add_node("Add", [Value(a.name), Value(b.name)], [TensorType((3, 6), F32)], {},
+                                  name="s").name), "y")
+    assert cse(g).modified
+    (kept,) = [n for n in g.nodes() if n.op == "Constant"]
+    assert kept.attrs[DEQUANTIZED] is origin
+    np.testing.assert_array_equal(kept.attrs["value"], floats)
+
+
 def test_dce_drops_what_no_output_needs_but_keeps_inputs():
     g = small_graph()
     assert dce(g).modified
