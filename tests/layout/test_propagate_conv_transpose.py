@@ -3,6 +3,7 @@ convs reads and writes channels-last buffers, with its weight packed once as a G
 and no runtime layout op is left. The gpu target leaves it as it is. Every optimized graph
 computes what the plain graph computes and onnxruntime computes, also from the written file."""
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 from onnx import helper
@@ -17,7 +18,7 @@ from .test_propagate_tiled import RNG, check, conv_weights, model, runtime_layou
 SHAPE = (2, 3, 7, 6)
 
 
-def decoder(group: int = 1) -> object:
+def decoder(group: int = 1) -> onnx.ModelProto:
     """conv -> relu -> ConvTranspose (stride 2, pads, output_padding) -> relu -> conv."""
     nodes = [
         helper.make_node("Conv", ["x", "w0", "b0"], ["a"], pads=[1, 1, 1, 1]),
