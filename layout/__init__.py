@@ -4,8 +4,9 @@
 
 `before` is the graph right after materialization, with explicit Pack/Unpack around every
 anchor; `after` is the graph after propagation and folding, never moving more layout bytes
-at run time than `before` (else `before` with its weights folded). layout/report.py compares
-them.
+at run time than `before`: where greedy propagation overshoots, it runs once more with
+Unpacks kept out of growing ops, else `after` is `before` with its weights folded.
+layout/report.py compares them.
 """
 from __future__ import annotations
 
@@ -48,7 +49,11 @@ def optimize(graph: Graph, target: str = "cpu", *, verify: bool = False) -> Layo
     after = propagate(before.copy(), chosen, verify=verify, log=log)
     if GraphLayout.of(before).bytes() < GraphLayout.of(after).bytes():
         # propagation is greedy: an Unpack it pushed into a fork or through a growing op
-        # that never met a Pack can cost more than the wrapped anchors it started from
-        after = fold_constant_layouts(before.copy(), verify=verify, log=log)
+        # that never met a Pack can cost more than the wrapped anchors it started from. Once
+        # more with Unpacks kept out of growing ops (Mamba's scan broadcasts each step to
+        # (B, I, L, N)); else the wrapped anchors, their weights folded
+        after = propagate(before.copy(), chosen, verify=verify, log=log, grow=False)
+        if GraphLayout.of(before).bytes() < GraphLayout.of(after).bytes():
+            after = fold_constant_layouts(before.copy(), verify=verify, log=log)
     after.meta["target"] = chosen.name
     return LayoutResult(before, after, chosen.name, log)

@@ -447,7 +447,9 @@ def relabel_transpose(graph: Graph, node: Node, target: Target) -> bool:
     return True
 
 
-def push_down(graph: Graph, node: Node, target: Target) -> bool:
+def push_down(graph: Graph, node: Node, target: Target, grow: bool = True) -> bool:
+    """Rules 3 and 4 into `node`; with `grow` False, an Unpack does not move past an op whose
+    results are larger than the value it unpacks (a broadcast into a bigger tensor)."""
     if node.op in target.anchors:
         return anchor_reads(graph, node, target)
     if node.op in RESHAPES and (reshape_down(graph, node) or flatten_into_weights(graph, node)):
@@ -463,8 +465,10 @@ def push_down(graph: Graph, node: Node, target: Target) -> bool:
         if producer is None or producer.op != UNPACK:
             continue
         packed = graph.type_of(graph.inputs_of(producer.name)[0])
-        mapping = map_encoding(node, sig, in_types, (False, slot), packed.encoding)
         budget = packed.nbytes() or 0
+        if not grow and sum(t.nbytes() or 0 for t in node.outputs) > budget:
+            continue
+        mapping = map_encoding(node, sig, in_types, (False, slot), packed.encoding)
         sources = _sources_for(graph, node, mapping, budget) if mapping is not None else None
         results = padding_checked(graph, node, sig, sources, mapping.results) if sources is not None else None
         if results is not None:
@@ -671,7 +675,7 @@ def absorb(graph: Graph, node: Node, target: Target) -> bool:
     return True
 
 
-def _sweep(graph: Graph, target: Target, final: bool) -> bool:
+def _sweep(graph: Graph, target: Target, final: bool, grow: bool = True) -> bool:
     modified = False
     for node in graph.nodes():
         if node.name not in graph:
@@ -684,7 +688,7 @@ def _sweep(graph: Graph, target: Target, final: bool) -> bool:
             elif not changed and final:
                 changed = write_unpacked(graph, node, target)
         else:
-            changed = push_down(graph, node, target)
+            changed = push_down(graph, node, target, grow)
         modified |= changed
     return modified
 
@@ -699,9 +703,11 @@ def fold_constant_layouts(graph: Graph, *, verify: bool = False, log: PipelineLo
     return run_passes(graph, [Pass("fold", fold), dce], verify=verify, fixed_point=True, log=log)
 
 
-def propagate(graph: Graph, target: Target, *, verify: bool = False, log: PipelineLog | None = None) -> Graph:
-    """Run the rules to a fixed point, then absorb what is left into anchors, then clean up."""
-    moves = Pass("propagate", lambda g: PassResult(g, _sweep(g, target, final=False)))
+def propagate(graph: Graph, target: Target, *, verify: bool = False, log: PipelineLog | None = None,
+              grow: bool = True) -> Graph:
+    """Run the rules to a fixed point, then absorb what is left into anchors, then clean up.
+    `grow` False keeps Unpacks out of ops that broadcast into larger results (`push_down`)."""
+    moves = Pass("propagate", lambda g: PassResult(g, _sweep(g, target, final=False, grow=grow)))
     graph = run_passes(graph, [moves, dce], verify=verify, fixed_point=True, max_rounds=50, log=log)
-    last = Pass("absorb", lambda g: PassResult(g, _sweep(g, target, final=True)))
+    last = Pass("absorb", lambda g: PassResult(g, _sweep(g, target, final=True, grow=grow)))
     return run_passes(graph, [last, cse, dce], verify=verify, fixed_point=True, log=log)

@@ -454,6 +454,38 @@ def test_a_product_of_broadcast_operands_writes_its_readers_layout(monkeypatch, 
     assert len(runtime_layout_ops(after)) == (0 if moves_up else 1)
 
 
+def test_when_greedy_propagation_overshoots_a_second_try_keeps_unpacks_out_of_growing_ops():
+    """Mamba's scan, shrunk: a causal conv's channels-last result feeds a projection (through a
+    relabeling Transpose) and a broadcast into (N, C, L, S) that a Gather along L then reads.
+    Pushed greedily, the Unpack lands after the broadcast (1920 bytes, more than the wrapped
+    anchor's 1152), which used to undo propagation altogether; kept before the broadcast, one
+    small Unpack is left (384 bytes) and the Transpose is a relabeling."""
+    from tilefold.layout.propagate import propagate
+    from tilefold.layout.report import GraphLayout
+    from tilefold.layout.targets import get_target
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["a"], group=8, pads=[3, 0]),
+        helper.make_node("Transpose", ["a"], ["t"], perm=[0, 2, 1]),
+        helper.make_node("MatMul", ["t", "w1"], ["y1"]),
+        helper.make_node("Unsqueeze", ["a", "axis"], ["u"]),
+        helper.make_node("Mul", ["u", "decay"], ["p"]),
+        helper.make_node("Exp", ["p"], ["e"]),
+        helper.make_node("Gather", ["e", "steps"], ["y2"], axis=2),
+    ]
+    weights = {"w0": RNG.standard_normal((8, 1, 4)).astype(np.float32),
+               "w1": RNG.standard_normal((8, 4)).astype(np.float32), "axis": np.array([3], np.int64),
+               "decay": -np.abs(RNG.standard_normal((1, 8, 1, 5))).astype(np.float32),
+               "steps": RNG.integers(0, 12, (2, 3)).astype(np.int64)}
+    proto = model(nodes, [("x", [1, 8, 12])], ["y1", "y2"], weights)
+    after = check(proto, target="cpu", shape=(1, 8, 12))
+    result = optimize(tilefold.load(proto), "cpu")
+    greedy = propagate(result.before.copy(), get_target("cpu"))
+    assert GraphLayout.of(greedy).bytes() > GraphLayout.of(result.before).bytes()
+    assert [op.node for op in GraphLayout.of(after).ops] == ["unpack_unsqueeze"]
+    assert GraphLayout.of(after).bytes() < GraphLayout.of(result.before).bytes()
+
+
 @pytest.mark.parametrize("op, pad, through", [("ReduceMax", -np.inf, True), ("ReduceSum", -np.inf, False),
                                               ("ReduceSum", 0.0, True), ("ReduceMax", None, False)])
 def test_a_reduction_reads_padding_only_when_it_holds_the_reductions_identity(op, pad, through):
