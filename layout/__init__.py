@@ -46,14 +46,16 @@ def optimize(graph: Graph, target: str = "cpu", *, verify: bool = False) -> Layo
     if graph.meta.get("target"):
         graph = strip_layouts(graph)
     before = materialize(graph.copy(), chosen, verify=verify, log=log)
-    after = propagate(before.copy(), chosen, verify=verify, log=log)
-    if GraphLayout.of(before).bytes() < GraphLayout.of(after).bytes():
-        # propagation is greedy: an Unpack it pushed into a fork or through a growing op
-        # that never met a Pack can cost more than the wrapped anchors it started from. Once
-        # more with Unpacks kept out of growing ops (Mamba's scan broadcasts each step to
-        # (B, I, L, N)); else the wrapped anchors, their weights folded
-        after = propagate(before.copy(), chosen, verify=verify, log=log, grow=False)
-        if GraphLayout.of(before).bytes() < GraphLayout.of(after).bytes():
-            after = fold_constant_layouts(before.copy(), verify=verify, log=log)
+    wrapped = GraphLayout.of(before).bytes()
+    # propagation is greedy: an Unpack it pushed into a fork or through a growing op that
+    # never met a Pack can cost more than the wrapped anchors it started from. Then once more
+    # with Unpacks kept out of growing ops (Mamba's scan broadcasts each step to (B, I, L, N));
+    # else the wrapped anchors, their weights folded
+    for grow in (True, False):
+        after = propagate(before.copy(), chosen, verify=verify, log=log, grow=grow)
+        if GraphLayout.of(after).bytes() <= wrapped:
+            break
+    else:
+        after = fold_constant_layouts(before.copy(), verify=verify, log=log)
     after.meta["target"] = chosen.name
     return LayoutResult(before, after, chosen.name, log)
