@@ -278,3 +278,55 @@ def test_channels_last_passes_through_new_activations_into_a_norm_on_cpu():
     x = RNG.standard_normal((2, 3, 9, 9)).astype(np.float32)
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_allclose(tilefold.compile(after, debug=True)({"x": x})["y"], want, rtol=1e-5, atol=1e-5)
+
+
+def patches_between_convs(nh: int, ph: int, nw: int, pw: int, c: int = 8) -> onnx.ModelProto:
+    """MobileViT's block, shrunk: a conv, its map unfolded into patches (B * patch area,
+    patches, C) as transformers writes it (reshape, transpose, reshape, transpose, reshape), a
+    linear layer over the tokens, the folding back, and a conv."""
+    b, h, w = 2, nh * ph, nw * pw
+    node = helper.make_node
+    nodes = [
+        node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1]),
+        node("Reshape", ["a", "rows"], ["r0"]), node("Transpose", ["r0"], ["t0"], perm=[0, 2, 1, 3]),
+        node("Reshape", ["t0", "grid"], ["r1"]), node("Transpose", ["r1"], ["t1"], perm=[0, 3, 2, 1]),
+        node("Reshape", ["t1", "tokens"], ["p"]),
+        node("MatMul", ["p", "wt"], ["q"]),
+        node("Reshape", ["q", "areas"], ["f0"]), node("Transpose", ["f0"], ["f1"], perm=[0, 3, 2, 1]),
+        node("Reshape", ["f1", "columns"], ["f2"]), node("Transpose", ["f2"], ["f3"], perm=[0, 2, 1, 3]),
+        node("Reshape", ["f3", "image"], ["b"]),
+        node("Conv", ["b", "w1"], ["y"], pads=[1, 1, 1, 1]),
+    ]
+    shapes = {"rows": (b * c * nh, ph, nw, pw), "grid": (b, c, nh * nw, ph * pw), "tokens": (b * ph * pw, nh * nw, c),
+              "areas": (b, ph * pw, nh * nw, c), "columns": (b * c * nh, nw, ph, pw), "image": (b, c, h, w)}
+    weights = {"w0": RNG.standard_normal((c, 3, 3, 3)) * 0.3, "w1": RNG.standard_normal((4, c, 3, 3)) * 0.3,
+               "wt": RNG.standard_normal((c, c)) * 0.3}
+    inits = [numpy_helper.from_array(np.array(s, np.int64), n) for n, s in shapes.items()]
+    inits += [numpy_helper.from_array(a.astype(np.float32), n) for n, a in weights.items()]
+    graph = helper.make_graph(nodes, "patches", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [b, 3, h, w])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+
+
+@pytest.mark.parametrize("grid, copies", [((4, 2, 2, 3), 2), ((1, 2, 1, 3), 0)])
+def test_mobilevit_patches_move_each_way_once_on_cpu(monkeypatch, grid, copies):
+    """Composed into one transpose each (graph/passes/shuffles.py), the unfolding and the folding
+    each copy the channels-last map once; with a 1x1 grid of patches they are views of it. As
+    written, an Unpack was left before each reshape that could not view its input (five with
+    the 4x2 grid: three unfolding, two folding). The output's Unpack comes on top; the values
+    match onnxruntime's."""
+    import onnxruntime as ort
+
+    from tilefold.graph.passes import pipeline, shuffles
+    from tilefold.layout.report import GraphLayout
+
+    model = patches_between_convs(*grid)
+    after = optimize(tilefold.load(model), "cpu", verify=True).after
+    assert len(GraphLayout.of(after).ops) == copies + 1
+    x = RNG.standard_normal((2, 3, grid[0] * grid[1], grid[2] * grid[3])).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_allclose(tilefold.compile(after, debug=True)({"x": x})["y"], want, rtol=1e-5, atol=1e-5)
+
+    monkeypatch.setattr(shuffles, "compose_shuffles", pipeline.Pass("off", lambda g: pipeline.PassResult(g, False)))
+    written = optimize(tilefold.load(model), "cpu").after
+    assert len(GraphLayout.of(written).ops) > copies + 1
