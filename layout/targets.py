@@ -134,12 +134,15 @@ class CpuTarget(Target):
 
 class GpuTarget(Target):
     """Tiles matching the Triton kernels' blocks: NCHWc16 convolution with weights tiled on
-    F and C, and mmt4d-style 2-D tiles for matmul operands whose matrix dims the tile divides
-    (BLOCK 16 here; the Triton backend reads these tiles as its block sizes). A kernel loads
-    a row-major operand 0 with strides as cheaply as a tiled one, so a Pack left in front of
-    an anchor is absorbed. The Triton matmul addresses 16x16 blocks by strides, so it reads
-    and writes unpadded blocks in any outer order and tiles in either order (attention heads,
-    a transposed K), and row- or column-contiguous matrices (untiled head views), with no copy."""
+    F and C, and mmt4d-style 2-D tiles for the operands of MatMul and Gemm (torch's Linear
+    arrives as a Gemm) whose matrix dims the tile divides (BLOCK 16 here; the Triton backend
+    reads these tiles as its block sizes). A kernel loads a row-major operand 0 with strides
+    as cheaply as a tiled one, so a Pack left in front of an anchor is absorbed. The Triton
+    matmul addresses 16x16 blocks by strides, so it reads and writes unpadded blocks in any
+    outer order and tiles in either order (attention heads, a transposed K), 16-wide tiles of
+    one matrix dim (a channel-tiled map viewed as (pixels, channels) is (C/16, pixels, 16):
+    ConvNeXt's Linear layers read their LayerNorm's NCHWc16 buffer), and row- or
+    column-contiguous matrices (untiled head views), with no copy."""
 
     name = "gpu"
     block = 16
@@ -153,12 +156,12 @@ class GpuTarget(Target):
             weight = PackedEncoding((0, 1), (t, t))
             bias = (PackedEncoding((0,), (t,)),) if len(in_types) > 2 and in_types[2] is not None else ()
             return AnchorLayout((act, weight) + bias, act, reads_identity=True)
-        if node.op == "MatMul" and all(x is not None and x.rank >= 2 for x in in_types[:2]):
+        if node.op in ("MatMul", "Gemm") and all(x is not None and x.rank >= 2 for x in in_types[:2]):
             a, b = in_types[0], in_types[1]
             if not all(isinstance(d, int) for x in (a, b, node.outputs[0]) for d in x.shape[-2:]):
                 return None  # a symbolic row count tiled could not be told from its padded buffer
-            layout = AnchorLayout((self._tiles(a), self._tiles(b)), self._tiles(node.outputs[0]),
-                                  reads_identity=True)
+            layout = AnchorLayout((self._tiles(a), self._tiles(b)) + (None,) * (len(in_types) - 2),
+                                  self._tiles(node.outputs[0]), reads_identity=True)
             return layout if layout.result is not None or any(layout.operands) else None
         return None
 
@@ -172,15 +175,17 @@ class GpuTarget(Target):
         return PackedEncoding((t.rank - 2, t.rank - 1), (self.block, self.block))
 
     def _blocks(self, t: TensorType) -> bool:
+        """Unpadded 16-wide tiles of one or both matrix dims, in any outer order."""
         enc, r = t.encoding, t.rank
-        return (isinstance(enc, PackedEncoding) and r >= 2 and set(enc.inner_dims_pos) == {r - 2, r - 1}
-                and enc.inner_tiles == (self.block,) * 2 and not enc.is_padded(t.shape))
+        return (isinstance(enc, PackedEncoding) and r >= 2 and bool(enc.inner_dims_pos)
+                and set(enc.inner_dims_pos) <= {r - 2, r - 1}
+                and all(tile == self.block for tile in enc.inner_tiles) and not enc.is_padded(t.shape))
 
     def reads(self, node: Node, slot: int, t: TensorType) -> bool:
-        return node.op == "MatMul" and slot < 2 and (self._blocks(t) or strided_matrices(t))
+        return node.op in ("MatMul", "Gemm") and slot < 2 and (self._blocks(t) or strided_matrices(t))
 
     def writes(self, node: Node, t: TensorType) -> bool:
-        return node.op == "MatMul" and (self._blocks(t) or strided_matrices(t))
+        return node.op in ("MatMul", "Gemm") and (self._blocks(t) or strided_matrices(t))
 
 
 class DeviceTargets(Target):

@@ -568,3 +568,59 @@ def test_propagation_never_moves_more_bytes_than_the_wrapped_anchors():
     got = tilefold.compile(result.after)({"x": x})
     np.testing.assert_array_equal(got["t"], x.transpose(0, 2, 3, 1))
     np.testing.assert_allclose(got["y"], np.where(got["t"] > 0, got["t"], 0.2 * got["t"]), rtol=1e-6)
+
+
+def convnext_block() -> onnx.ModelProto:
+    """ConvNeXt's block, shrunk, batch 1: a conv, the map permuted channels-last, LayerNorm
+    over the channels, two Linear layers as Gemms on the (pixels, channels) view, permuted
+    back and added to the conv's result, then a conv."""
+    node = helper.make_node
+    nodes = [
+        node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1]),
+        node("Transpose", ["a"], ["t"], perm=[0, 2, 3, 1]),
+        node("LayerNormalization", ["t", "g", "beta"], ["n"], axis=-1),
+        node("Reshape", ["n", "rows"], ["r"]),
+        node("Gemm", ["r", "w1", "b1"], ["h"]),
+        node("Relu", ["h"], ["hr"]),
+        node("Gemm", ["hr", "w2", "b2"], ["o"]),
+        node("Reshape", ["o", "image"], ["o4"]),
+        node("Transpose", ["o4"], ["ot"], perm=[0, 3, 1, 2]),
+        node("Add", ["a", "ot"], ["s"]),
+        node("Conv", ["s", "w3"], ["y"], pads=[1, 1, 1, 1]),
+    ]
+    weights = {"w0": conv_weights(32, 3), "w3": conv_weights(16, 32),
+               "g": RNG.standard_normal(32).astype(np.float32), "beta": RNG.standard_normal(32).astype(np.float32),
+               "w1": (RNG.standard_normal((32, 64)) * 0.3).astype(np.float32), "b1": RNG.standard_normal(64).astype(np.float32),
+               "w2": (RNG.standard_normal((64, 32)) * 0.3).astype(np.float32), "b2": RNG.standard_normal(32).astype(np.float32),
+               "rows": np.array([64, 32], np.int64), "image": np.array([1, 8, 8, 32], np.int64)}
+    return model(nodes, [("x", [1, 3, 8, 8])], ["y"], weights)
+
+
+def test_linear_layers_as_gemms_read_a_channel_tiled_map_as_their_tiles():
+    """On the gpu target a Gemm is an anchor like MatMul (transformers' Linear arrives as one
+    through torch.compile). The LayerNorm's NCHWc16 buffer, viewed as (pixels, channels), is
+    (C/16, pixels, 16): tiles of 16 channels, which the Triton kernel reads by strides as its
+    k blocks, so no Unpack is left in front of either Gemm."""
+    after = check(convnext_block(), shape=(1, 3, 8, 8))
+    gemms = [n for n in after.nodes() if n.op == "Gemm"]
+    assert len(gemms) == 2
+    for gemm in gemms:
+        assert after.node(after.inputs_of(gemm.name)[0].node).op != "Unpack"
+        assert after.type_of(after.inputs_of(gemm.name)[0]).encoding is not None
+    first = after.type_of(after.inputs_of(gemms[0].name)[0]).encoding
+    assert first.inner_tiles == (16,) and first.outer_perm(2) == (1, 0)  # (C/16, pixels, 16)
+
+
+@pytest.mark.parametrize("enc, readable", [
+    (PackedEncoding((0, 1), (16, 16)), True),
+    (PackedEncoding((0, 1), (16, 16), (1, 0)), True),
+    (PackedEncoding((1,), (16,), (1, 0)), True),  # a channel-tiled map viewed as (pixels, channels)
+    (PackedEncoding((1,), (8,)), False),
+    (PackedEncoding((0,), (16,), (1, 0)), True),  # tiles of 16 rows, read like a transposed operand
+])
+def test_the_gpu_matmul_kernels_read_16_wide_tiles_of_either_matrix_dim(enc, readable):
+    target = get_target("gpu")
+    gemm = Graph().add_node("Gemm", [], [TensorType((64, 16), F32)])
+    assert target.reads(gemm, 0, TensorType((64, 32), F32, enc)) == readable
+    padded = TensorType((60, 32), F32, PackedEncoding((0, 1), (16, 16)))
+    assert not target.reads(gemm, 0, padded)

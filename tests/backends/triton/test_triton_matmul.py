@@ -107,6 +107,25 @@ def test_gemm_transposes_alpha_beta_and_c(kit, device, trans_a, trans_b, c_shape
     np.testing.assert_allclose(got["y"], ref["y"], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("a_enc", [PackedEncoding((1,), (16,), (1, 0)), PackedEncoding((0,), (16,), (1, 0))])
+def test_gemm_reads_16_wide_tiles_of_one_matrix_dim(kit, device, a_enc):
+    """A channel-tiled map viewed as (pixels, channels) is (C/16, pixels, 16): k in tiles of 16,
+    k blocks outermost (ConvNeXt's Linear layers on the gpu target); tiles of m read likewise.
+    The result is written in 16x16 tiles, its padding (23 columns) masked."""
+    rng = np.random.default_rng(21)
+    m, k, n = 40, 32, 23
+    a = rng.standard_normal((m, k)).astype(F32)
+    b = rng.standard_normal((k, n)).astype(F32)
+    c = rng.standard_normal(n).astype(F32)
+    g = Graph("gemm_tiles")
+    av = kit.add(g, "Pack", [g.add_input("a", TensorType((m, k), F32))], {"encoding": a_enc}, encoding=a_enc)
+    y = kit.add(g, "Gemm", [av, kit.packed_const(g, b, mmt4d(2), "b"), g.add_constant(c, name="c")], encoding=mmt4d(2))
+    g.add_output(kit.add(g, "Unpack", [y]), "y")
+    got, ref = kit.run_both(g, {"a": a}, device)
+    np.testing.assert_allclose(got["y"], a.astype(np.float64) @ b + c, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["y"], ref["y"], rtol=1e-5, atol=1e-5)
+
+
 def test_packed_result_padding_holds_zeros(kit, device):
     """The gpu target's contract: an anchor writes zeros in its result's padding."""
     import torch
