@@ -7,13 +7,14 @@ down as it can go, since its consumers come later in the order):
 2. cancel: Pack(Unpack(p)) with the same layout is p (refused when the padding differs:
    padding must never change a result); Unpack(Pack(x)) is x. 2b: a Pack after a reshape
    of Unpack(p), p in another layout than the reshape needs: the anchor that wrote p
-   (through relabeling Transposes, nothing else reading them) writes that layout instead,
-   when its kernel can, and the Pack moves up and cancels (`rewrite_writer`: BERT's head
-   merge on the gpu target).
+   (through relabeling Transposes and reshapes, and elementwise ops on constants, nothing
+   else reading them) writes that layout instead, when its kernel can, and the Pack moves
+   up and cancels (`rewrite_writer`: BERT's head merge on the gpu target).
 3. down: a node reading Unpack(p) runs on p instead, its results get the encodings its
    iteration signature maps p's encoding to, and Unpacks follow its packed results. Every
-   other operand is a constant (packed at compile time), an Unpack of the mapped layout,
-   or needs no packing; or else (a value with several consumers) a runtime value packed by
+   other operand is a constant (packed at compile time), an Unpack of the mapped layout
+   (or of one whose writer can write it instead, as in 2b: ConvNeXt's residual add), or
+   needs no packing; or else (a value with several consumers) a runtime value packed by
    a Pack that is already there, or by a new one, while that moves fewer bytes than the
    Unpack: the Unpack then goes on down and cancels (a residual add reading the LayerNorm
    output its MatMuls pack anyway; an attention mask broadcast over heads, packed once).
@@ -242,14 +243,24 @@ def _rewrite(graph: Graph, node: Node, mapping: Mapping, sources: list[Value | N
         graph.replace_all_uses(out, Value(unpack_node.name), exclude={unpack_node.name})
 
 
-def _sources_for(graph: Graph, node: Node, mapping: Mapping, budget: int = 0) -> list[Value | None] | None:
-    """What `node` reads under `mapping` (see `_source`). With a `budget` (the bytes of the
-    Unpack being pushed down), a runtime operand may be packed too, reusing a Pack of it
-    that is already there while the bytes it moves stay within the budget, or adding one
-    that moves fewer bytes than the budget (a broadcast attention mask packed once for every
-    layer instead of each layer's scores unpacked)."""
+def _sources_for(graph: Graph, node: Node, mapping: Mapping, budget: int = 0,
+                 target: Target | None = None) -> list[Value | None] | None:
+    """What `node` reads under `mapping` (see `_source`). With a `target`, an operand that is
+    an Unpack of another layout is read in place once its anchor can write the mapped layout
+    instead (`rewrite_writer`: a residual add of a conv's tiles and a Linear layer's result).
+    With a `budget` (the bytes of the Unpack being pushed down), a runtime operand may be
+    packed too, reusing a Pack of it that is already there while the bytes it moves stay
+    within the budget, or adding one that moves fewer bytes than the budget (a broadcast
+    attention mask packed once for every layer instead of each layer's scores unpacked)."""
     inputs = graph.inputs_of(node.name)
     sources = [_source(graph, v, enc, mapping.ranked.get(i)) for i, (v, enc) in enumerate(zip(inputs, mapping.operands))]
+    if target is not None and any(s is False for s in sources):
+        rewritable = {i: _unpacked(graph, inputs[i]) for i, s in enumerate(sources) if s is False}
+        if all(p is not None and len(graph.users(inputs[i])) == 1
+               and rewrite_writer(graph, p, mapping.operands[i], target, dry=True) for i, p in rewritable.items()):
+            for i, p in rewritable.items():
+                rewrite_writer(graph, p, mapping.operands[i], target)
+                sources[i] = p
     if not any(s is False for s in sources):
         return sources  # type: ignore[return-value]
     if not budget:
@@ -469,7 +480,7 @@ def push_down(graph: Graph, node: Node, target: Target, grow: bool = True) -> bo
         if not grow and sum(t.nbytes() or 0 for t in node.outputs) > budget:
             continue
         mapping = map_encoding(node, sig, in_types, (False, slot), packed.encoding)
-        sources = _sources_for(graph, node, mapping, budget) if mapping is not None else None
+        sources = _sources_for(graph, node, mapping, budget, target) if mapping is not None else None
         results = padding_checked(graph, node, sig, sources, mapping.results) if sources is not None else None
         if results is not None:
             mapping.results = results
@@ -576,46 +587,96 @@ def drop_identity_pack(graph: Graph, node: Node) -> bool:
     return True
 
 
-def rewrite_writer(graph: Graph, packed: Value, want: PackedEncoding, target: Target) -> bool:
+def rewrite_writer(graph: Graph, packed: Value, want: PackedEncoding, target: Target, dry: bool = False) -> bool:
     """Rule 2b: `packed`, read by nothing but one Unpack, is an anchor's result (through
-    Transposes and reshapes that relabel it, each read once): the anchor writes `want`
-    instead, relabeled back through them, when its kernel can, so that a Pack to `want` after the
-    Unpack cancels. On the gpu target BERT's attention context is then written with the
-    heads inside the sequence blocks, and merging the heads (Transpose, Reshape) moves no data."""
-    views: list[Node] = []
-    v = packed
+    Transposes and reshapes that relabel it, and elementwise ops whose other operands are
+    constants, each read once): the anchor writes `want` instead, mapped back through them,
+    when its kernel can, so that a Pack to `want` after the Unpack cancels, or an op reading
+    the Unpack beside another in `want` runs on both buffers. On the gpu target BERT's
+    attention context is then written with the heads inside the sequence blocks, and merging
+    the heads (Transpose, Reshape) moves no data; ConvNeXt's second Linear layer writes its
+    result in the channel tiles of the residual it is added to, through the layer scale and
+    the permute back to NCHW. With `dry`, only whether it can."""
+    steps: list[tuple[Node, PackedEncoding, Mapping | None]] = []  # each node and its result's encoding
+    v, enc = packed, want
     while True:
         producer = _producer(graph, v)
         if producer is None or len(graph.users(v)) != 1 or len(producer.outputs) != 1:
             return False
-        if producer.op != "Transpose" and producer.op not in RESHAPES:
-            break
-        views.append(producer)
-        v = graph.inputs_of(producer.name)[0]
-    encodings = [want]
-    for node in views:  # from `packed` back to the anchor's result
-        t_in = graph.type_of(graph.inputs_of(node.name)[0])
-        if node.op == "Transpose":
-            perm = transpose_perm(node.attrs, t_in.rank)
-            encodings.append(encodings[-1].permuted(tuple(int(i) for i in np.argsort(perm))))
-            continue
-        back = _reshaped_back(t_in, node.outputs[0], encodings[-1])
+        result = producer.outputs[0]
+        if producer.op in target.anchors or not result.is_static or enc.is_padded(result.shape):
+            break  # (what an anchor leaves in padding is not what a Pack promises)
+        if producer.op in _FIXED or not graph.inputs_of(producer.name) or graph.inputs_of(producer.name)[0] is None:
+            return False
+        source = graph.inputs_of(producer.name)[0]
+        mapping, back = None, None
+        if producer.op == "Transpose":
+            rank = graph.type_of(source).rank
+            back = enc.permuted(tuple(int(i) for i in np.argsort(transpose_perm(producer.attrs, rank))))
+        elif producer.op in RESHAPES:
+            back = _reshaped_back(_logical(graph.type_of(source)), _logical(result), enc)
+        else:
+            mapping, slot = _elementwise_back(graph, producer, enc)
+            if mapping is not None:
+                back, source = mapping.operands[slot], graph.inputs_of(producer.name)[slot]
         if back is None:
             return False
-        encodings.append(back)
+        steps.append((producer, enc, mapping))
+        v, enc = source, back
     result = producer.outputs[0]
-    wanted = TensorType(result.shape, result.dtype, encodings[-1])
-    if producer.op not in target.anchors or not result.is_static or wanted.encoding.is_padded(result.shape):
-        return False  # (what an anchor leaves in padding is not what a Pack promises)
-    if result.encoding is not None and result.encoding.same_layout(wanted.encoding):
+    wanted = TensorType(result.shape, result.dtype, enc)
+    if producer.op not in target.anchors or not result.is_static or enc.is_padded(result.shape):
+        return False
+    if result.encoding is not None and result.encoding.same_layout(enc):
         return False
     if not target.writes(producer, wanted):
         return False
-    producer.outputs[0] = TensorType(result.shape, result.dtype, canonical(wanted.encoding, result.shape))
-    for node, enc in zip(views, encodings[:-1]):
+    if dry:
+        return True
+    producer.outputs[0] = TensorType(result.shape, result.dtype, canonical(enc, result.shape))
+    for node, enc, mapping in steps:
         shape = node.outputs[0].shape
         node.outputs[0] = TensorType(shape, node.outputs[0].dtype, canonical(enc, shape))
+        if mapping is not None:
+            for slot, (value, operand_enc) in enumerate(zip(graph.inputs_of(node.name), mapping.operands)):
+                const = _producer(graph, value)
+                if const is not None and const.op == CONSTANT:
+                    graph.set_input(node.name, slot, _constant_in(graph, const, operand_enc, mapping.ranked.get(slot)))
     return True
+
+
+def _logical(t: TensorType) -> TensorType:
+    return TensorType(t.shape, t.dtype)
+
+
+def _elementwise_back(graph: Graph, node: Node, enc: PackedEncoding) -> tuple[Mapping | None, int]:
+    """How an elementwise `node` writes `enc`: the encodings of its operands, and which one is
+    its only runtime operand (the others are constants, packed at compile time)."""
+    opdef = REGISTRY.get(node.op)
+    inputs = graph.inputs_of(node.name)
+    runtime = [i for i, v in enumerate(inputs) if v is not None and _producer(graph, v).op != CONSTANT]
+    if opdef is None or opdef.layout != "agnostic" or len(runtime) != 1:
+        return None, 0
+    in_types = [_logical(graph.type_of(v)) if v is not None else None for v in inputs]
+    sig = signature(node.op, node.attrs, in_types, [_logical(t) for t in node.outputs])
+    mapping = map_encoding(node, sig, in_types, (True, 0), enc) if sig is not None else None
+    if mapping is None or runtime[0] in mapping.ranked or mapping.operands[runtime[0]] is None:
+        return None, 0
+    return mapping, runtime[0]
+
+
+def _constant_in(graph: Graph, const: Node, enc: PackedEncoding | None, shape: tuple[int, ...] | None) -> Value:
+    """`const` packed in `enc` (reshaped to `shape` first, when given), or its logical value
+    where `enc` is None."""
+    if enc is not None:
+        return _packed_constant(graph, const, enc, shape)
+    t = const.outputs[0]
+    if t.encoding is None:
+        return Value(const.name)
+    value = const.attrs["value"]
+    logical = Splat(value.value, t.shape, t.dtype) if isinstance(value, Splat) else unpack(value, t.encoding, t.shape)
+    return graph.add_constant(logical, name=f"{const.name}_logical", type=_logical(t),
+                              dequantized=const.attrs.get(DEQUANTIZED))
 
 
 def _reshaped_back(t_in: TensorType, out: TensorType, enc: PackedEncoding) -> PackedEncoding | None:

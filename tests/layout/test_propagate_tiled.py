@@ -571,29 +571,33 @@ def test_propagation_never_moves_more_bytes_than_the_wrapped_anchors():
 
 
 def convnext_block() -> onnx.ModelProto:
-    """ConvNeXt's block, shrunk, batch 1: a conv, the map permuted channels-last, LayerNorm
-    over the channels, two Linear layers as Gemms on the (pixels, channels) view, permuted
-    back and added to the conv's result, then a conv."""
+    """ConvNeXt's block, shrunk, batch 1: a conv's map goes through a depthwise conv, is
+    permuted channels-last, normalized over the channels, through two Linear layers (Gemms on
+    the (pixels, channels) view) and the layer scale, permuted back and added to the map,
+    then a conv."""
     node = helper.make_node
     nodes = [
         node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1]),
-        node("Transpose", ["a"], ["t"], perm=[0, 2, 3, 1]),
+        node("Conv", ["a", "wd"], ["d"], pads=[1, 1, 1, 1], group=32),
+        node("Transpose", ["d"], ["t"], perm=[0, 2, 3, 1]),
         node("LayerNormalization", ["t", "g", "beta"], ["n"], axis=-1),
         node("Reshape", ["n", "rows"], ["r"]),
         node("Gemm", ["r", "w1", "b1"], ["h"]),
         node("Relu", ["h"], ["hr"]),
         node("Gemm", ["hr", "w2", "b2"], ["o"]),
-        node("Reshape", ["o", "image"], ["o4"]),
+        node("Mul", ["o", "scale"], ["os"]),
+        node("Reshape", ["os", "image"], ["o4"]),
         node("Transpose", ["o4"], ["ot"], perm=[0, 3, 1, 2]),
         node("Add", ["a", "ot"], ["s"]),
         node("Conv", ["s", "w3"], ["y"], pads=[1, 1, 1, 1]),
     ]
-    weights = {"w0": conv_weights(32, 3), "w3": conv_weights(16, 32),
+    weights = {"w0": conv_weights(32, 3), "wd": conv_weights(32, 1), "w3": conv_weights(16, 32),
                "g": RNG.standard_normal(32).astype(np.float32), "beta": RNG.standard_normal(32).astype(np.float32),
                "w1": (RNG.standard_normal((32, 64)) * 0.3).astype(np.float32), "b1": RNG.standard_normal(64).astype(np.float32),
                "w2": (RNG.standard_normal((64, 32)) * 0.3).astype(np.float32), "b2": RNG.standard_normal(32).astype(np.float32),
-               "rows": np.array([64, 32], np.int64), "image": np.array([1, 8, 8, 32], np.int64)}
-    return model(nodes, [("x", [1, 3, 8, 8])], ["y"], weights)
+               "scale": RNG.standard_normal(32).astype(np.float32),
+               "rows": np.array([256, 32], np.int64), "image": np.array([1, 16, 16, 32], np.int64)}
+    return model(nodes, [("x", [1, 3, 16, 16])], ["y"], weights)
 
 
 def test_linear_layers_as_gemms_read_a_channel_tiled_map_as_their_tiles():
@@ -601,14 +605,37 @@ def test_linear_layers_as_gemms_read_a_channel_tiled_map_as_their_tiles():
     through torch.compile). The LayerNorm's NCHWc16 buffer, viewed as (pixels, channels), is
     (C/16, pixels, 16): tiles of 16 channels, which the Triton kernel reads by strides as its
     k blocks, so no Unpack is left in front of either Gemm."""
-    after = check(convnext_block(), shape=(1, 3, 8, 8))
+    after = check(convnext_block(), shape=(1, 3, 16, 16))
     gemms = [n for n in after.nodes() if n.op == "Gemm"]
     assert len(gemms) == 2
     for gemm in gemms:
         assert after.node(after.inputs_of(gemm.name)[0].node).op != "Unpack"
-        assert after.type_of(after.inputs_of(gemm.name)[0]).encoding is not None
     first = after.type_of(after.inputs_of(gemms[0].name)[0]).encoding
     assert first.inner_tiles == (16,) and first.outer_perm(2) == (1, 0)  # (C/16, pixels, 16)
+
+
+@pytest.mark.parametrize("through_elementwise", [True, False])
+def test_a_residual_add_makes_the_linear_layer_write_the_channel_tiles_it_adds(monkeypatch, through_elementwise):
+    """The block's residual Add reads the map in NCHWc16 and the second Linear layer's result
+    through the layer scale (a Mul by a constant) and the permute back to NCHW. That Gemm
+    writes its (pixels, channels) result as (C/16, pixels, 16), the layer scale packed to
+    match at compile time, so the Add runs on both tiled buffers and nothing but the output
+    is unpacked. Rewriting the writer only through views, the Add's operands stay unpacked."""
+    from tilefold.layout import propagate as rules
+    from tilefold.layout.report import GraphLayout
+
+    if not through_elementwise:
+        monkeypatch.setattr(rules, "_elementwise_back", lambda *args: (None, 0))
+    after = check(convnext_block(), shape=(1, 3, 16, 16))
+    left = [op.node for op in GraphLayout.of(after).ops]
+    (add,) = [n for n in after.nodes() if n.op == "Add"]
+    if through_elementwise:
+        assert runtime_layout_ops(after) == [] and len(left) == 1  # the output's Unpack
+        assert add.outputs[0].encoding == PackedEncoding((1,), (16,))
+        (last,) = [n for n in after.nodes() if n.op == "Gemm" and n.outputs[0].shape == (256, 32)]
+        assert last.outputs[0].encoding.outer_perm(2) == (1, 0) and last.outputs[0].encoding.inner_tiles == (16,)
+    else:
+        assert len(left) > 1 and add.outputs[0].encoding is None
 
 
 @pytest.mark.parametrize("enc, readable", [
