@@ -246,8 +246,9 @@ def _rewrite(graph: Graph, node: Node, mapping: Mapping, sources: list[Value | N
 def _sources_for(graph: Graph, node: Node, mapping: Mapping, budget: int = 0,
                  target: Target | None = None) -> list[Value | None] | None:
     """What `node` reads under `mapping` (see `_source`). With a `target`, an operand that is
-    an Unpack of another layout is read in place once its anchor can write the mapped layout
-    instead (`rewrite_writer`: a residual add of a conv's tiles and a Linear layer's result).
+    an Unpack of another layout, or a runtime value read by nothing else, is read in place
+    once its anchor can write the mapped layout instead (`rewrite_writer`: a residual add of a
+    conv's tiles and a Linear layer's result).
     With a `budget` (the bytes of the Unpack being pushed down), a runtime operand may be
     packed too, reusing a Pack of it that is already there while the bytes it moves stay
     within the budget, or adding one that moves fewer bytes than the budget (a broadcast
@@ -255,9 +256,9 @@ def _sources_for(graph: Graph, node: Node, mapping: Mapping, budget: int = 0,
     inputs = graph.inputs_of(node.name)
     sources = [_source(graph, v, enc, mapping.ranked.get(i)) for i, (v, enc) in enumerate(zip(inputs, mapping.operands))]
     if target is not None and any(s is False for s in sources):
-        rewritable = {i: _unpacked(graph, inputs[i]) for i, s in enumerate(sources) if s is False}
-        if all(p is not None and len(graph.users(inputs[i])) == 1
-               and rewrite_writer(graph, p, mapping.operands[i], target, dry=True) for i, p in rewritable.items()):
+        rewritable = {i: _unpacked(graph, inputs[i]) or inputs[i] for i, s in enumerate(sources) if s is False}
+        if all(len(graph.users(inputs[i])) == 1 and rewrite_writer(graph, p, mapping.operands[i], target, dry=True)
+               for i, p in rewritable.items()):
             for i, p in rewritable.items():
                 rewrite_writer(graph, p, mapping.operands[i], target)
                 sources[i] = p

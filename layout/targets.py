@@ -132,6 +132,9 @@ class CpuTarget(Target):
         return node.op == "MatMul" and strided_matrices(t)
 
 
+_MATMULS = frozenset({"MatMul", "Gemm"})
+
+
 class GpuTarget(Target):
     """Tiles matching the Triton kernels' blocks: NCHWc16 convolution with weights tiled on
     F and C, and mmt4d-style 2-D tiles for the operands of MatMul and Gemm (torch's Linear
@@ -156,7 +159,7 @@ class GpuTarget(Target):
             weight = PackedEncoding((0, 1), (t, t))
             bias = (PackedEncoding((0,), (t,)),) if len(in_types) > 2 and in_types[2] is not None else ()
             return AnchorLayout((act, weight) + bias, act, reads_identity=True)
-        if node.op in ("MatMul", "Gemm") and all(x is not None and x.rank >= 2 for x in in_types[:2]):
+        if node.op in _MATMULS and all(x is not None and x.rank >= 2 for x in in_types[:2]):
             a, b = in_types[0], in_types[1]
             if not all(isinstance(d, int) for x in (a, b, node.outputs[0]) for d in x.shape[-2:]):
                 return None  # a symbolic row count tiled could not be told from its padded buffer
@@ -182,10 +185,10 @@ class GpuTarget(Target):
                 and all(tile == self.block for tile in enc.inner_tiles) and not enc.is_padded(t.shape))
 
     def reads(self, node: Node, slot: int, t: TensorType) -> bool:
-        return node.op in ("MatMul", "Gemm") and slot < 2 and (self._blocks(t) or strided_matrices(t))
+        return node.op in _MATMULS and slot < 2 and (self._blocks(t) or strided_matrices(t))
 
     def writes(self, node: Node, t: TensorType) -> bool:
-        return node.op in ("MatMul", "Gemm") and (self._blocks(t) or strided_matrices(t))
+        return node.op in _MATMULS and (self._blocks(t) or strided_matrices(t))
 
 
 class DeviceTargets(Target):

@@ -9,6 +9,6 @@ from .shuffles import compose_shuffles
 from .transposes import compose_transposes
 
 __all__ = [
-    "Pass", "PassResult", "PipelineLog", "compose_shuffles", "compose_transposes", "constant_folding", "cse", "dce", "fold_batchnorm",
-    "fold_pads", "graph_pass", "lower_einsum", "run_passes", "simplify",
+    "Pass", "PassResult", "PipelineLog", "compose_shuffles", "compose_transposes", "constant_folding", "cse", "dce",
+    "fold_batchnorm", "fold_pads", "graph_pass", "lower_einsum", "run_passes", "simplify",
 ]

@@ -96,7 +96,8 @@ def simplify(
     """The standard clean-up: fold constants (shape subgraphs, splats), fold BatchNorm, drop
     empty Pads and fold zero Pads into the Convs that read them, lower Einsums to MatMuls,
     compose chained Transposes, sink merges of batch dims, compose chains of Reshapes and
-    Transposes holding two Transposes or more into one Transpose, compose chained Reshapes, CSE, DCE.
+    Transposes holding two Transposes or more into one Transpose, compose chained Reshapes,
+    CSE, DCE.
 
     `evaluate` runs one node on constant inputs; graph/ does not import a backend, so the
     caller passes the NumPy backend's (tilefold.load does).

@@ -15,8 +15,8 @@ Transpose permutes the dims' atom lists; a Reshape regroups the flat atom sequen
 dims, splitting an atom where a dim boundary falls inside it (row-major, so the split pieces
 stay contiguous in the input). A boundary that no split can express (a 4 cut out of a 6)
 leaves the chain alone. Static, non-empty, unencoded values only (layout/ owns encoded ones);
-intermediate results read by anything else stay as they are. Adjacent Transposes are
-compose_transposes' work; this pass needs a reshape between them to find a chain worth it.
+intermediate results read by anything else stay as they are. compose_transposes runs first
+in `simplify`, so the chains found here have reshapes between their Transposes.
 """
 from __future__ import annotations
 

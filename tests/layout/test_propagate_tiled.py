@@ -591,11 +591,12 @@ def convnext_block() -> onnx.ModelProto:
         node("Add", ["a", "ot"], ["s"]),
         node("Conv", ["s", "w3"], ["y"], pads=[1, 1, 1, 1]),
     ]
+    def normal(*shape, scale=1.0):
+        return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
     weights = {"w0": conv_weights(32, 3), "wd": conv_weights(32, 1), "w3": conv_weights(16, 32),
-               "g": RNG.standard_normal(32).astype(np.float32), "beta": RNG.standard_normal(32).astype(np.float32),
-               "w1": (RNG.standard_normal((32, 64)) * 0.3).astype(np.float32), "b1": RNG.standard_normal(64).astype(np.float32),
-               "w2": (RNG.standard_normal((64, 32)) * 0.3).astype(np.float32), "b2": RNG.standard_normal(32).astype(np.float32),
-               "scale": RNG.standard_normal(32).astype(np.float32),
+               "g": normal(32), "beta": normal(32), "w1": normal(32, 64, scale=0.3), "b1": normal(64),
+               "w2": normal(64, 32, scale=0.3), "b2": normal(32), "scale": normal(32),
                "rows": np.array([256, 32], np.int64), "image": np.array([1, 16, 16, 32], np.int64)}
     return model(nodes, [("x", [1, 3, 16, 16])], ["y"], weights)
 
