@@ -20,11 +20,12 @@ import numpy as np
 
 from ..graph.errors import InputError
 from ..graph.graph import CONSTANT, INPUT, OUTPUT, Graph, Node
+from ..graph.ops.tensor import RESHAPES
 from ..graph.types import Splat, TensorType, Value
 from .devices import HOST
 
 ALIGN = 64
-VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout"})
+VIEW_OPS = RESHAPES | {"Identity", "Dropout"}
 """Ops whose result can be the input's buffer, relabelled (when the sizes agree)."""
 
 

@@ -54,10 +54,10 @@ from ..graph.graph import CONSTANT, DEQUANTIZED, INPUT, OUTPUT, Graph, Node
 from ..graph.passes.cse import cse
 from ..graph.passes.dce import dce
 from ..graph.passes.pipeline import Pass, PassResult, PipelineLog, run_passes
-from ..graph.ops.tensor import transpose_perm
+from ..graph.ops.tensor import RESHAPES, transpose_perm
 from ..graph.registry import REGISTRY, signature
 from ..graph.signature import Signature
-from ..graph.types import Splat, TensorType, Value, as_array
+from ..graph.types import ConstValue, Splat, TensorType, Value, as_array
 from .encoding import PackedEncoding, canonical, pack, refine, reshape_encoding, reshape_perm, unpack
 
 __all__ = ["propagate", "map_encoding", "reshape_encoding", "reshape_perm"]
@@ -65,8 +65,6 @@ from .padding import padding_checked
 from .targets import Target
 
 PACK, UNPACK = "Pack", "Unpack"
-RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
-"""Ops whose result is their input reshaped row-major (shape or axes inputs aside)."""
 _K_READERS = frozenset({"Gemm", "MatMul"})
 """Anchors whose operand 0's last dim is the reduction k against the rows of operand 1."""
 _FIXED = {INPUT, OUTPUT, CONSTANT, PACK, UNPACK}
@@ -205,12 +203,19 @@ def _source(graph: Graph, value: Value | None, enc: PackedEncoding | None,
     return False
 
 
+def _logical_constant(const: Node) -> tuple[ConstValue, TensorType]:
+    """A constant's logical value and type: unpacked where it is stored packed (a splat stays one)."""
+    value, t = const.attrs["value"], const.outputs[0]
+    if t.encoding is None:
+        return value, t
+    if isinstance(value, Splat):
+        return Splat(value.value, t.shape, t.dtype), _logical(t)
+    return unpack(value, t.encoding, t.shape), _logical(t)
+
+
 def _packed_constant(graph: Graph, const: Node, enc: PackedEncoding, shape: tuple[int, ...] | None = None) -> Value:
-    value = const.attrs["value"]
-    t = const.outputs[0]
+    value, t = _logical_constant(const)
     dequantized = const.attrs.get(DEQUANTIZED)  # the logical value's origin
-    if t.encoding is not None:
-        value, t = unpack(value, t.encoding, t.shape), TensorType(t.shape, t.dtype)
     if shape is not None:
         value = value.reshape(shape) if isinstance(value, Splat) else np.reshape(value, shape)
         t = TensorType(shape, t.dtype)
@@ -605,11 +610,14 @@ def rewrite_writer(graph: Graph, packed: Value, want: PackedEncoding, target: Ta
         if producer is None or len(graph.users(v)) != 1 or len(producer.outputs) != 1:
             return False
         result = producer.outputs[0]
-        if producer.op in target.anchors or not result.is_static or enc.is_padded(result.shape):
-            break  # (what an anchor leaves in padding is not what a Pack promises)
-        if producer.op in _FIXED or not graph.inputs_of(producer.name) or graph.inputs_of(producer.name)[0] is None:
+        if not result.is_static or enc.is_padded(result.shape):
+            return False  # (what an anchor leaves in padding is not what a Pack promises)
+        if producer.op in target.anchors:
+            break
+        inputs = graph.inputs_of(producer.name)
+        if producer.op in _FIXED or not inputs or inputs[0] is None:
             return False
-        source = graph.inputs_of(producer.name)[0]
+        source = inputs[0]
         mapping, back = None, None
         if producer.op == "Transpose":
             rank = graph.type_of(source).rank
@@ -619,18 +627,14 @@ def rewrite_writer(graph: Graph, packed: Value, want: PackedEncoding, target: Ta
         else:
             mapping, slot = _elementwise_back(graph, producer, enc)
             if mapping is not None:
-                back, source = mapping.operands[slot], graph.inputs_of(producer.name)[slot]
+                back, source = mapping.operands[slot], inputs[slot]
         if back is None:
             return False
         steps.append((producer, enc, mapping))
         v, enc = source, back
-    result = producer.outputs[0]
-    wanted = TensorType(result.shape, result.dtype, enc)
-    if producer.op not in target.anchors or not result.is_static or enc.is_padded(result.shape):
-        return False
     if result.encoding is not None and result.encoding.same_layout(enc):
         return False
-    if not target.writes(producer, wanted):
+    if not target.writes(producer, TensorType(result.shape, result.dtype, enc)):
         return False
     if dry:
         return True
@@ -671,13 +675,10 @@ def _constant_in(graph: Graph, const: Node, enc: PackedEncoding | None, shape: t
     where `enc` is None."""
     if enc is not None:
         return _packed_constant(graph, const, enc, shape)
-    t = const.outputs[0]
-    if t.encoding is None:
+    if const.outputs[0].encoding is None:
         return Value(const.name)
-    value = const.attrs["value"]
-    logical = Splat(value.value, t.shape, t.dtype) if isinstance(value, Splat) else unpack(value, t.encoding, t.shape)
-    return graph.add_constant(logical, name=f"{const.name}_logical", type=_logical(t),
-                              dequantized=const.attrs.get(DEQUANTIZED))
+    value, t = _logical_constant(const)
+    return graph.add_constant(value, name=f"{const.name}_logical", type=t, dequantized=const.attrs.get(DEQUANTIZED))
 
 
 def _reshaped_back(t_in: TensorType, out: TensorType, enc: PackedEncoding) -> PackedEncoding | None:

@@ -29,7 +29,7 @@ import numpy as np
 
 from ...graph.errors import where
 from ...graph.graph import Graph, Node
-from ...graph.ops.tensor import transpose_perm
+from ...graph.ops.tensor import RESHAPES, transpose_perm
 from ...graph.types import Value
 from . import lrn, pad, pool, resize
 from .codegen import Flag
@@ -54,8 +54,6 @@ def _cast(args: list[str], node: Node, consts: list[Any]) -> str:
 
 
 COPIES = {"Pack": _copy, "Unpack": _copy, "Identity": _copy, "Cast": _cast}
-
-RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 
 
 def _load(graph: Graph, value: Value, index: list[str | None], params: list[Value], note: str,

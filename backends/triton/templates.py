@@ -19,6 +19,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...graph.graph import Graph, Node
+from ...graph.ops.tensor import RESHAPES
 from ...graph.types import Value
 from . import conv, elementwise, layout_ops, matmul, reduce, scatter, split
 from .codegen import Table
@@ -91,7 +92,6 @@ TEMPLATES: dict[str, Template] = {
     "scatter": _flat("scatter", scatter.supports, scatter.kernel, scatter.numel, prefill=scatter.prefill),
 }
 
-VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
 HOST_OPS = frozenset({"Shape", "Size", "ConstantOfShape"})
 """Ops whose result is decided by shapes (tiny host work): always the NumPy backend."""
 
@@ -113,7 +113,7 @@ def static_result(graph: Graph, node: Node) -> np.ndarray | None:
 
 
 def _plain_view(graph: Graph, node: Node) -> bool:
-    x = graph.inputs_of(node.name)[0] if node.op in VIEW_OPS else None
+    x = graph.inputs_of(node.name)[0] if node.op in RESHAPES else None
     if x is None or len(node.outputs) != 1:
         return False
     t = graph.type_of(x)
@@ -148,6 +148,6 @@ def supported_ops() -> frozenset[str]:
     also depends on its types, and an unsupported one falls back to the NumPy backend)."""
     from .reduce import NORMALIZATIONS, REDUCE_OPS, SCANS
 
-    return frozenset({*elementwise.OPS, *layout_ops.HEADS, *VIEW_OPS, "MatMul", "Gemm", "Conv", "ConvTranspose",
+    return frozenset({*elementwise.OPS, *layout_ops.HEADS, *RESHAPES, "MatMul", "Gemm", "Conv", "ConvTranspose",
                       "Softmax", "LogSoftmax", *NORMALIZATIONS, *REDUCE_OPS, *SCANS, "TopK", "Split", "Transfer",
                       "Shape", "Size", *scatter.OPS})

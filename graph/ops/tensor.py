@@ -178,6 +178,10 @@ register(OpDef("Unsqueeze", infer=_unsqueeze_infer, signature=_relabel_signature
                layout="sensitive", splat="movement", min_inputs=2, max_inputs=2))
 
 
+RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+"""Ops whose result is their input reshaped row-major (shape or axes inputs aside)."""
+
+
 # ---- Transpose ---------------------------------------------------------------------------
 def transpose_perm(attrs: dict, rank: int) -> tuple[int, ...]:
     """A Transpose's perm: its attribute, or ONNX's default (the dims reversed)."""

@@ -26,13 +26,9 @@ from typing import Sequence
 import numpy as np
 
 from ..graph import Graph, Node
-from ..ops.tensor import transpose_perm
+from ..ops.tensor import RESHAPES, transpose_perm
 from ..types import TensorType, Value
 from .pipeline import Pass, PassResult
-
-VIEWS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
-"""Ops whose result is their input reshaped row-major (shape or axes inputs aside)."""
-
 
 def _plain(t: TensorType) -> bool:
     return t.is_static and t.encoding is None and 0 not in t.shape
@@ -102,7 +98,7 @@ def _chain(graph: Graph, node: Node) -> tuple[Value, list[Node]] | None:
     not such an op's sole-read result, and that value; None where `node` is no such op."""
     chain: list[Node] = []
     current = node
-    while current.op in VIEWS or current.op == "Transpose":
+    while current.op in RESHAPES or current.op == "Transpose":
         x = graph.inputs_of(current.name)[0]
         if x is None or not _plain(current.outputs[0]) or not _plain(graph.type_of(x)):
             break

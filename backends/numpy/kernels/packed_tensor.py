@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ....graph.ops.tensor import transpose_perm
+from ....graph.ops.tensor import RESHAPES, transpose_perm
 from ....graph.types import TensorType
 from ....layout.encoding import PackedEncoding
 from ..registry import KernelSpec, Run, packed_kernel
@@ -69,7 +69,7 @@ def _reshaping(op: str) -> None:
         return _view(spec, same_reshaped_buffer(x.encoding, x.shape, y.encoding, y.shape))
 
 
-for _op in ("Reshape", "Flatten", "Squeeze", "Unsqueeze"):
+for _op in sorted(RESHAPES):
     _reshaping(_op)
 
 
