@@ -104,6 +104,15 @@ class PackedEncoding:
             self.inner_dims_pos, self.inner_tiles, self.outer_dims_perm
         ) == (other.inner_dims_pos, other.inner_tiles, other.outer_dims_perm)
 
+    def same_layout_on(self, other: PackedEncoding, shape: Sequence[Dim]) -> bool:
+        """`same_layout`, or two encodings that store a static tensor of `shape` as the same
+        bytes without padding: NCHWc16 and NHWC of 16 channels, tiles of a dim one tile long."""
+        if self.same_layout(other):
+            return True
+        if any(not isinstance(d, int) for d in shape) or self.is_padded(shape) or other.is_padded(shape):
+            return False
+        return flat_order(self, shape) == flat_order(other, shape)
+
     def permuted(self, perm: Sequence[int]) -> PackedEncoding:
         """The encoding of `transpose(x, perm)` that keeps x's buffer unchanged.
 
@@ -131,6 +140,32 @@ class PackedEncoding:
 
 def _outer_size(shape: Sequence, d: int, tiles: dict[int, int]) -> int:
     return ceil_div(shape[d], tiles[d]) if d in tiles else shape[d]
+
+
+def buffer_axes(enc: PackedEncoding, shape: Sequence[int]) -> list[tuple[int, int, int]]:
+    """(logical dim, step within the dim, size) of every buffer axis."""
+    tiles = enc.tiles()
+    axes = [(d, tiles[d], -(-shape[d] // tiles[d])) if d in tiles else (d, 1, shape[d])
+            for d in enc.outer_perm(len(shape))]
+    return axes + [(d, 1, t) for d, t in zip(enc.inner_dims_pos, enc.inner_tiles)]
+
+
+def flat_order(enc: PackedEncoding, shape: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """The merged (row-major logical stride, size) of the buffer's axes, size-1 axes dropped:
+    two unpadded buffers hold the same bytes when these are equal."""
+    strides = [1] * len(shape)
+    for d in range(len(shape) - 2, -1, -1):
+        strides[d] = strides[d + 1] * shape[d + 1]
+    merged: list[tuple[int, int]] = []
+    for d, step, size in buffer_axes(enc, shape):
+        if size == 1:
+            continue
+        stride = strides[d] * step
+        if merged and merged[-1][0] == stride * size:
+            merged[-1] = (stride, merged[-1][1] * size)
+        else:
+            merged.append((stride, size))
+    return tuple(merged)
 
 
 def canonical(enc: PackedEncoding | None, shape: Sequence[Dim]) -> PackedEncoding | None:

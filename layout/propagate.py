@@ -25,7 +25,8 @@ down as it can go, since its consumers come later in the order):
    is trivial on its shape (one whole tile per matrix) is dropped, its buffer being the same.
 6. transposes: a Transpose moves no data. Its result keeps its input's buffer, with the
    permuted encoding (an Unpack after it then moves down by rule 3), or its producer, an
-   anchor, writes the transposed layout (rule 4 into an anchor).
+   anchor, writes the transposed layout (rule 4 into an anchor). For a Transpose of a value
+   that is not unpacked, only once no other rule fires: its input may still become one.
 7. reshapes: a reshape of a packed buffer is a view of it whenever each group of dims it
    merges or splits stays together in the buffer and each tiled dim passes through whole
    (`reshape_encoding`), down (Unpack) and up (Pack). A flatten read only as a Gemm's or
@@ -198,7 +199,8 @@ def _source(graph: Graph, value: Value | None, enc: PackedEncoding | None,
         return False
     if producer.op == UNPACK:
         packed = graph.inputs_of(producer.name)[0]
-        if enc.same_layout(graph.type_of(packed).encoding):
+        t = graph.type_of(packed)
+        if enc.same_layout_on(t.encoding, t.shape):
             return packed  # what its padding holds is checked by `padding_checked`
     return False
 
@@ -464,15 +466,17 @@ def relabel_transpose(graph: Graph, node: Node, target: Target) -> bool:
     return True
 
 
-def push_down(graph: Graph, node: Node, target: Target, grow: bool = True) -> bool:
+def push_down(graph: Graph, node: Node, target: Target, grow: bool = True, relabel: bool = True) -> bool:
     """Rules 3 and 4 into `node`; with `grow` False, an Unpack does not move past an op whose
-    results are larger than the value it unpacks (a broadcast into a bigger tensor)."""
+    results are larger than the value it unpacks (a broadcast into a bigger tensor); with
+    `relabel` False, a Transpose of a value that is not unpacked is left as it is (rule 6
+    waits, see `propagate`)."""
     if node.op in target.anchors:
         return anchor_reads(graph, node, target)
     if node.op in RESHAPES and (reshape_down(graph, node) or flatten_into_weights(graph, node)):
         return True
     if node.op == "Transpose" and _unpacked(graph, graph.inputs_of(node.name)[0]) is None:
-        return relabel_transpose(graph, node, target)
+        return relabel and relabel_transpose(graph, node, target)
     found = _signature_of(graph, node)
     if found is None:
         return False
@@ -570,7 +574,7 @@ def fold_or_cancel(graph: Graph, node: Node) -> bool:
         want = node.attrs["encoding"]
         shape = node.outputs[0].shape
         same_padding = not (node.outputs[0].is_static and want.is_padded(shape)) or have.pad == want.pad
-        if not (have.same_layout(want) and same_padding):
+        if not (have.same_layout_on(want, shape) and same_padding):
             return False
         replacement = packed
     elif node.op == UNPACK and producer.op == PACK:
@@ -595,10 +599,11 @@ def drop_identity_pack(graph: Graph, node: Node) -> bool:
 
 def rewrite_writer(graph: Graph, packed: Value, want: PackedEncoding, target: Target, dry: bool = False) -> bool:
     """Rule 2b: `packed`, read by nothing but one Unpack, is an anchor's result (through
-    Transposes and reshapes that relabel it, and elementwise ops whose other operands are
-    constants, each read once): the anchor writes `want` instead, mapped back through them,
-    when its kernel can, so that a Pack to `want` after the Unpack cancels, or an op reading
-    the Unpack beside another in `want` runs on both buffers. On the gpu target BERT's
+    Transposes and reshapes that relabel it, elementwise ops whose other operands are
+    constants, and Unpacks, each read once): the anchor writes `want` instead, mapped back
+    through them (an Unpack on the way goes), when its kernel can, so that a Pack to `want`
+    after the Unpack cancels, or an op reading the Unpack beside another in `want` runs on
+    both buffers. On the gpu target BERT's
     attention context is then written with the heads inside the sequence blocks, and merging
     the heads (Transpose, Reshape) moves no data; ConvNeXt's second Linear layer writes its
     result in the channel tiles of the residual it is added to, through the layer scale and
@@ -615,11 +620,13 @@ def rewrite_writer(graph: Graph, packed: Value, want: PackedEncoding, target: Ta
         if producer.op in target.anchors:
             break
         inputs = graph.inputs_of(producer.name)
-        if producer.op in _FIXED or not inputs or inputs[0] is None:
+        if producer.op in _FIXED - {UNPACK} or not inputs or inputs[0] is None:
             return False
         source = inputs[0]
         mapping, back = None, None
-        if producer.op == "Transpose":
+        if producer.op == UNPACK:
+            back = enc  # the packed value itself is written in `enc`, and the Unpack goes
+        elif producer.op == "Transpose":
             rank = graph.type_of(source).rank
             back = enc.permuted(tuple(int(i) for i in np.argsort(transpose_perm(producer.attrs, rank))))
         elif producer.op in RESHAPES:
@@ -632,14 +639,20 @@ def rewrite_writer(graph: Graph, packed: Value, want: PackedEncoding, target: Ta
             return False
         steps.append((producer, enc, mapping))
         v, enc = source, back
-    if result.encoding is not None and result.encoding.same_layout(enc):
+    unpacks = [node for node, _, _ in steps if node.op == UNPACK]
+    if not unpacks and result.encoding is not None and result.encoding.same_layout(enc):
         return False
     if not target.writes(producer, TensorType(result.shape, result.dtype, enc)):
         return False
     if dry:
         return True
     producer.outputs[0] = TensorType(result.shape, result.dtype, canonical(enc, result.shape))
+    for node in unpacks:
+        graph.replace_all_uses(Value(node.name), graph.inputs_of(node.name)[0])
+        graph.remove_node(node.name)
     for node, enc, mapping in steps:
+        if node.op == UNPACK:
+            continue
         shape = node.outputs[0].shape
         node.outputs[0] = TensorType(shape, node.outputs[0].dtype, canonical(enc, shape))
         if mapping is not None:
@@ -738,7 +751,7 @@ def absorb(graph: Graph, node: Node, target: Target) -> bool:
     return True
 
 
-def _sweep(graph: Graph, target: Target, final: bool, grow: bool = True) -> bool:
+def _sweep(graph: Graph, target: Target, final: bool, grow: bool = True, relabel: bool = True) -> bool:
     modified = False
     for node in graph.nodes():
         if node.name not in graph:
@@ -751,7 +764,7 @@ def _sweep(graph: Graph, target: Target, final: bool, grow: bool = True) -> bool
             elif not changed and final:
                 changed = write_unpacked(graph, node, target)
         else:
-            changed = push_down(graph, node, target, grow)
+            changed = push_down(graph, node, target, grow, relabel)
         modified |= changed
     return modified
 
@@ -770,7 +783,12 @@ def propagate(graph: Graph, target: Target, *, verify: bool = False, log: Pipeli
               grow: bool = True) -> Graph:
     """Run the rules to a fixed point, then absorb what is left into anchors, then clean up.
     `grow` False keeps Unpacks out of ops that broadcast into larger results (`push_down`)."""
-    moves = Pass("propagate", lambda g: PassResult(g, _sweep(g, target, final=False, grow=grow)))
+    # a Transpose relabeled too early keeps the layout its input had then, and an Unpack
+    # reaching it later stops there (ConvNeXt's permute in front of each downsampling
+    # LayerNorm, relabeled before the residual Add feeding it ran on tiles): rule 6 waits
+    # for a sweep in which nothing else fires
+    moves = Pass("propagate", lambda g: PassResult(g, _sweep(g, target, final=False, grow=grow, relabel=False)
+                                                   or _sweep(g, target, final=False, grow=grow)))
     graph = run_passes(graph, [moves, dce], verify=verify, fixed_point=True, max_rounds=50, log=log)
     last = Pass("absorb", lambda g: PassResult(g, _sweep(g, target, final=True, grow=grow)))
     return run_passes(graph, [last, cse, dce], verify=verify, fixed_point=True, log=log)

@@ -570,35 +570,66 @@ def test_propagation_never_moves_more_bytes_than_the_wrapped_anchors():
     np.testing.assert_allclose(got["y"], np.where(got["t"] > 0, got["t"], 0.2 * got["t"]), rtol=1e-6)
 
 
-def convnext_block() -> onnx.ModelProto:
-    """ConvNeXt's block, shrunk, batch 1: a conv's map goes through a depthwise conv, is
-    permuted channels-last, normalized over the channels, through two Linear layers (Gemms on
-    the (pixels, channels) view) and the layer scale, permuted back and added to the map,
-    then a conv."""
+def normal(*shape, scale=1.0):
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+def convnext_layer(x: str, out: str, channels: int, size: int, p: str = "") -> tuple[list, dict]:
+    """ConvNeXt's block, shrunk, batch 1, reading the map `x`: a depthwise conv, permuted
+    channels-last, normalized over the channels, through two Linear layers (Gemms on the
+    (pixels, channels) view) and the layer scale, permuted back and added to `x` as `out`."""
     node = helper.make_node
     nodes = [
-        node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1]),
-        node("Conv", ["a", "wd"], ["d"], pads=[1, 1, 1, 1], group=32),
-        node("Transpose", ["d"], ["t"], perm=[0, 2, 3, 1]),
-        node("LayerNormalization", ["t", "g", "beta"], ["n"], axis=-1),
-        node("Reshape", ["n", "rows"], ["r"]),
-        node("Gemm", ["r", "w1", "b1"], ["h"]),
-        node("Relu", ["h"], ["hr"]),
-        node("Gemm", ["hr", "w2", "b2"], ["o"]),
-        node("Mul", ["o", "scale"], ["os"]),
-        node("Reshape", ["os", "image"], ["o4"]),
-        node("Transpose", ["o4"], ["ot"], perm=[0, 3, 1, 2]),
-        node("Add", ["a", "ot"], ["s"]),
-        node("Conv", ["s", "w3"], ["y"], pads=[1, 1, 1, 1]),
+        node("Conv", [x, p + "wd"], [p + "d"], pads=[1, 1, 1, 1], group=channels),
+        node("Transpose", [p + "d"], [p + "t"], perm=[0, 2, 3, 1]),
+        node("LayerNormalization", [p + "t", p + "g", p + "beta"], [p + "n"], axis=-1),
+        node("Reshape", [p + "n", p + "rows"], [p + "r"]),
+        node("Gemm", [p + "r", p + "w1", p + "b1"], [p + "h"]),
+        node("Relu", [p + "h"], [p + "hr"]),
+        node("Gemm", [p + "hr", p + "w2", p + "b2"], [p + "o"]),
+        node("Mul", [p + "o", p + "scale"], [p + "os"]),
+        node("Reshape", [p + "os", p + "image"], [p + "o4"]),
+        node("Transpose", [p + "o4"], [p + "ot"], perm=[0, 3, 1, 2]),
+        node("Add", [x, p + "ot"], [out]),
     ]
-    def normal(*shape, scale=1.0):
-        return (RNG.standard_normal(shape) * scale).astype(np.float32)
+    c, hidden = channels, 2 * channels
+    weights = {"wd": conv_weights(c, 1), "g": normal(c), "beta": normal(c), "w1": normal(c, hidden, scale=0.3),
+               "b1": normal(hidden), "w2": normal(hidden, c, scale=0.3), "b2": normal(c), "scale": normal(c),
+               "rows": np.array([size * size, c], np.int64), "image": np.array([1, size, size, c], np.int64)}
+    return nodes, {p + k: v for k, v in weights.items()}
 
-    weights = {"w0": conv_weights(32, 3), "wd": conv_weights(32, 1), "w3": conv_weights(16, 32),
-               "g": normal(32), "beta": normal(32), "w1": normal(32, 64, scale=0.3), "b1": normal(64),
-               "w2": normal(64, 32, scale=0.3), "b2": normal(32), "scale": normal(32),
-               "rows": np.array([256, 32], np.int64), "image": np.array([1, 16, 16, 32], np.int64)}
+
+def convnext_block() -> onnx.ModelProto:
+    """A conv, ConvNeXt's block (`convnext_layer`) on its 32-channel map, then a conv."""
+    nodes, weights = convnext_layer("a", "s", 32, 16)
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1]), *nodes,
+             helper.make_node("Conv", ["s", "w3"], ["y"], pads=[1, 1, 1, 1])]
+    weights |= {"w0": conv_weights(32, 3), "w3": conv_weights(16, 32)}
     return model(nodes, [("x", [1, 3, 16, 16])], ["y"], weights)
+
+
+def convnext_stages(channels=(32, 48, 64), size=32) -> onnx.ModelProto:
+    """ConvNeXt's stages: a stem conv, then per stage one block (`convnext_layer`), each
+    stage but the first downsampled first: the map permuted channels-last, normalized over
+    the channels, permuted back, and a 2x2 stride-2 conv."""
+    node = helper.make_node
+    nodes = [node("Conv", ["x", "stem"], ["s0"], pads=[1, 1, 1, 1])]
+    weights = {"stem": conv_weights(channels[0], 3)}
+    image = [1, 3, size, size]
+    for i, c in enumerate(channels):
+        p, x = f"s{i}_", f"s{i}"
+        if i:
+            nodes += [node("Transpose", [f"y{i - 1}"], [p + "cl"], perm=[0, 2, 3, 1]),
+                      node("LayerNormalization", [p + "cl", p + "dg", p + "db"], [p + "dn"], axis=-1),
+                      node("Transpose", [p + "dn"], [p + "cf"], perm=[0, 3, 1, 2]),
+                      node("Conv", [p + "cf", p + "down"], [x], strides=[2, 2])]
+            weights |= {p + "dg": normal(channels[i - 1]), p + "db": normal(channels[i - 1]),
+                        p + "down": conv_weights(c, channels[i - 1], 2)}
+            size //= 2
+        block, block_weights = convnext_layer(x, f"y{i}", c, size, p)
+        nodes += block
+        weights |= block_weights
+    return model(nodes, [("x", image)], [f"y{len(channels) - 1}"], weights)
 
 
 def test_linear_layers_as_gemms_read_a_channel_tiled_map_as_their_tiles():
@@ -639,6 +670,18 @@ def test_a_residual_add_makes_the_linear_layer_write_the_channel_tiles_it_adds(m
         assert len(left) > 1 and add.outputs[0].encoding is None
 
 
+def test_convnext_stages_run_on_tiles_from_the_stem_to_the_output():
+    """Each stage's residual Add runs on channel tiles, and the downsampling LayerNorm reads
+    them through its permute, which relabels the tiled buffer. This needs rule 6 to wait:
+    a permute relabeled while the Add's result was still unpacked would keep that plain
+    layout and leave an Unpack in front of it. And the Add's Linear layer writes its tiles
+    through the Unpack its own result still had (`rewrite_writer` steps through it)."""
+    after = check(convnext_stages(), shape=(1, 3, 32, 32))
+    assert runtime_layout_ops(after) == []
+    adds = [n for n in after.nodes() if n.op == "Add"]
+    assert len(adds) == 3 and all(n.outputs[0].encoding == PackedEncoding((1,), (16,)) for n in adds)
+
+
 @pytest.mark.parametrize("enc, readable", [
     (PackedEncoding((0, 1), (16, 16)), True),
     (PackedEncoding((0, 1), (16, 16), (1, 0)), True),
@@ -652,3 +695,29 @@ def test_the_gpu_matmul_kernels_read_16_wide_tiles_of_either_matrix_dim(enc, rea
     assert target.reads(gemm, 0, TensorType((64, 32), F32, enc)) == readable
     padded = TensorType((60, 32), F32, PackedEncoding((0, 1), (16, 16)))
     assert not target.reads(gemm, 0, padded)
+
+
+@pytest.mark.parametrize("channels, layout_ops", [(16, 0), (32, 3)])
+def test_channels_last_is_the_channel_tiles_of_a_map_sixteen_channels_deep(channels, layout_ops):
+    """FocalNet's modulation: a Linear layer's (pixels, 2C + 3) result, viewed as an NHWC map
+    and permuted to NCHW, is split into a query, a context and 3 gates. The context goes
+    through a conv, whose result the query multiplies. The split pieces keep the Linear
+    layer's channels-last buffer, and the conv and the product ask for NCHWc16: for 16
+    channels the same bytes, so the layouts cancel; for 32 they differ, and the two pieces
+    and the conv's result are copied."""
+    node = helper.make_node
+    c, side = channels, 8
+    nodes = [node("Reshape", ["x", "rows"], ["r"]),
+             node("Gemm", ["r", "w", "b"], ["h"]),
+             node("Reshape", ["h", "image"], ["hi"]),
+             node("Transpose", ["hi"], ["t"], perm=[0, 3, 1, 2]),
+             node("Split", ["t", "sizes"], ["q", "ctx", "gates"], axis=1),
+             node("Conv", ["ctx", "wc"], ["cc"], pads=[1, 1, 1, 1]),
+             node("Mul", ["q", "cc"], ["m"]),
+             node("Conv", ["m", "wo"], ["y"], pads=[1, 1, 1, 1])]
+    weights = {"rows": np.array([side * side, 16], np.int64), "w": normal(16, 2 * c + 3, scale=0.3),
+               "b": normal(2 * c + 3), "image": np.array([1, side, side, 2 * c + 3], np.int64),
+               "sizes": np.array([c, c, 3], np.int64), "wc": conv_weights(c, c), "wo": conv_weights(16, c)}
+    shape = (1, side, side, 16)
+    after = check(model(nodes, [("x", list(shape))], ["y", "gates"], weights), shape=shape)
+    assert len(runtime_layout_ops(after)) == layout_ops

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ....layout.encoding import PackedEncoding, split_order
+from ....layout.encoding import PackedEncoding, flat_order, split_order
 from ..registry import KernelSpec, Run, kernel, packed_kernel
 
 IDENTITY = PackedEncoding((), ())
@@ -130,31 +130,6 @@ def converter(enc_from: Any, enc_to: Any, shape: Sequence[int]):
 
 
 # ---- buffer order ------------------------------------------------------------------------------
-def _axes(enc: PackedEncoding, shape: Sequence[int]) -> list[tuple[int, int, int]]:
-    """(logical dim, step within the dim, size) of every buffer axis."""
-    tiles = enc.tiles()
-    axes = [(d, tiles[d], -(-shape[d] // tiles[d])) if d in tiles else (d, 1, shape[d])
-            for d in enc.outer_perm(len(shape))]
-    return axes + [(d, 1, t) for d, t in zip(enc.inner_dims_pos, enc.inner_tiles)]
-
-
-def _flat_key(enc: PackedEncoding, shape: Sequence[int]) -> tuple[tuple[int, int], ...]:
-    """The merged (row-major logical stride, size) of the buffer's axes, size-1 axes dropped."""
-    strides = [1] * len(shape)
-    for d in range(len(shape) - 2, -1, -1):
-        strides[d] = strides[d + 1] * shape[d + 1]
-    merged: list[tuple[int, int]] = []
-    for d, step, size in _axes(enc, shape):
-        if size == 1:
-            continue
-        stride = strides[d] * step
-        if merged and merged[-1][0] == stride * size:
-            merged[-1] = (stride, merged[-1][1] * size)
-        else:
-            merged.append((stride, size))
-    return tuple(merged)
-
-
 def _index_buffer(enc: PackedEncoding, shape: Sequence[int], index: np.ndarray) -> np.ndarray:
     return pack_buffer(index.reshape(shape), enc.with_pad(-1)).reshape(-1)
 
@@ -166,7 +141,7 @@ def same_reshaped_buffer(enc_a: Any, shape_a: Sequence[Any], enc_b: Any, shape_b
         return enc_a is None and enc_b is None
     a, b = as_encoding(enc_a), as_encoding(enc_b)
     if not a.is_padded(shape_a) and not b.is_padded(shape_b):
-        return _flat_key(a, shape_a) == _flat_key(b, shape_b)
+        return flat_order(a, shape_a) == flat_order(b, shape_b)
     size = int(np.prod(shape_a, dtype=np.int64))
     if size > INDEX_LIMIT:
         return False
