@@ -136,8 +136,8 @@ def map_encoding(node: Node, sig: Signature, in_types: Sequence[TensorType | Non
             return False
         missing = [l for l in order if l not in letters]
         if slot is None:
-            if any(sig.kind(l) != "reduction" for l in missing):
-                return False  # only a reduction drops dims from a result
+            if any(sig.kind(l) == "parallel" for l in missing):
+                return False  # only a reduction, or a window read at one index, drops a dim
         own_rank = False
         if slot is not None and (missing != order[: len(missing)] or any(l in tiles for l in missing)):
             full = sig.results[0]  # a lower-rank operand: as if left-padded with size-1 dims

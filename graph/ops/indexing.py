@@ -1,9 +1,10 @@
 """Index-driven and shape-producing ops: Gather, GatherElements, GatherND, ScatterElements,
 ScatterND, OneHot, NonZero, Trilu, EyeLike, Shape, Size, ConstantOfShape and Range.
 
-Only Gather with a 1-D index has an iteration signature: it moves elements along its axis
-(a window dim, never tiled) and leaves every other dim as it is, so that a layout with those
-dims permuted or tiled passes through it (torch's nearest upsampling, index_select). The
+Only Gather with a 1-D or scalar index has an iteration signature: it moves elements along
+its axis (a window dim, never tiled; dropped for a scalar index) and leaves every other dim
+as it is, so that a layout with those dims permuted or tiled passes through it (torch's
+nearest upsampling, index_select, one channel of a channels-last attention map). The
 others have none (Trilu's and EyeLike's masks depend on positions, the other gathers and the
 scatters read and write data-dependent positions, the rest make new tensors), so layout
 stops at them.
@@ -38,12 +39,15 @@ def _gather_infer(attrs, types, consts):
 
 
 def _gather_signature(attrs, types, outs, consts=None):
-    """`abc,_->abc` with the gathered axis a window dim, for a 1-D index; None otherwise."""
+    """`abc,_->abc` with the gathered axis a window dim, for a 1-D index; `abc,_->ac` for a
+    scalar one (the window dim dropped: one channel of an attention map); None otherwise."""
     data, indices = types
-    if data is None or indices is None or indices.rank != 1:
+    if data is None or indices is None or indices.rank > 1:
         return None
     letters = tuple(LETTERS[: data.rank])
-    return Signature((letters, None), (letters,), {letters[norm_axis(attrs["axis"], data.rank)]: "window"})
+    axis = letters[norm_axis(attrs["axis"], data.rank)]
+    result = letters if indices.rank else tuple(d for d in letters if d != axis)
+    return Signature((letters, None), (result,), {axis: "window"})
 
 
 register(OpDef("Gather", infer=_gather_infer, signature=_gather_signature, layout="sensitive",

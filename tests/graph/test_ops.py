@@ -232,9 +232,11 @@ def test_movement_signatures():
 
 
 def test_resampling_signatures_make_the_moved_axes_window_dims():
-    """Gather along one axis by a 1-D index, Resize with a known plan: the other axes pass."""
+    """Gather along one axis by a 1-D or scalar index, Resize with a known plan: the other
+    axes pass."""
     rows = T(6, dtype=I64)
     assert str(sig("Gather", [T(2, 3, 4), rows], axis=1)) == "abc,_->abc window=b"
+    assert str(sig("Gather", [T(2, 3, 4), T(dtype=I64)], axis=1)) == "abc,_->ac window=b"  # a scalar drops it
     assert sig("Gather", [T(2, 3, 4), T(2, 6, dtype=I64)], axis=1) is None
     scales = np.array([1, 1, 2, 0.5], np.float32)
     x, four = T(1, 3, 4, 6), T(4)
