@@ -3,6 +3,8 @@
 - `mlp(path)`: a small ONNX MLP with random weights, built with onnx.helper.
 - `unet_model(...)`: a one-level U-Net (conv, pool, conv, upsample, skip concat, conv) with
   random weights, its upsampling a Resize or torch's nearest form, two Gathers.
+- `fusion_model(...)`: GLPN's selective feature fusion (one channel of an attention map
+  taken by a Gather of a scalar index), with random weights.
 - `resnet50()` / `bert()`: transformers models built from their config with random weights
   (no download), exported with `torch.onnx.export(dynamo=True)` and cached on disk;
   `resnet50_torch()` / `bert_torch()` build the identical eager modules.
@@ -199,6 +201,40 @@ def unet_model(*, channels: int = 32, size: int = 8, batch: int = 2, upsample: s
     ]
     graph = helper.make_graph(
         nodes, "unet", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 4, size, size])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], producer_name="tilefold.bench")
+
+
+def fusion_model(*, channels: int = 16, size: int = 8, batch: int = 2, seed: int = 0) -> onnx.ModelProto:
+    """GLPN's selective feature fusion, shrunk: `x (batch, 3, size, size)` -> conv 3x3 `a` ->
+    conv 3x3 to a 2-channel attention map -> sigmoid; its first and last channels (Gathers of
+    the scalar indices 0 and -1, unsqueezed) scale `a`, the two are added -> conv 1x1 ->
+    `y (batch, 4, size, size)`."""
+    rng = np.random.default_rng(seed)
+
+    def conv(name: str, f: int, c: int, k: int = 3) -> TensorProto:
+        return numpy_helper.from_array((rng.standard_normal((f, c, k, k)) * np.sqrt(2.0 / (k * k * c))).astype(np.float32),
+                                       name)
+
+    inits = [conv("w0", channels, 3), conv("w1", 2, channels), conv("w2", 4, channels, 1),
+             numpy_helper.from_array(np.array(0, np.int64), "first"), numpy_helper.from_array(np.array(-1, np.int64), "last"),
+             numpy_helper.from_array(np.array([1], np.int64), "channel")]
+    node = helper.make_node
+    nodes = [
+        node("Conv", ["x", "w0"], ["a"], name="conv0", pads=[1, 1, 1, 1]),
+        node("Conv", ["a", "w1"], ["logits"], name="conv1", pads=[1, 1, 1, 1]),
+        node("Sigmoid", ["logits"], ["attn"], name="attn"),
+        node("Gather", ["attn", "first"], ["g0"], name="first", axis=1),
+        node("Gather", ["attn", "last"], ["g1"], name="last", axis=1),
+        node("Unsqueeze", ["g0", "channel"], ["u0"], name="u0"),
+        node("Unsqueeze", ["g1", "channel"], ["u1"], name="u1"),
+        node("Mul", ["a", "u0"], ["m0"], name="m0"),
+        node("Mul", ["a", "u1"], ["m1"], name="m1"),
+        node("Add", ["m0", "m1"], ["s"], name="fuse"),
+        node("Conv", ["s", "w2"], ["y"], name="conv2"),
+    ]
+    graph = helper.make_graph(
+        nodes, "fusion", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, size, size])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 4, size, size])], inits)
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], producer_name="tilefold.bench")
 

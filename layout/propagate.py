@@ -36,7 +36,8 @@ down as it can go, since its consumers come later in the order):
    copy (on the CPU: matmul operands and results whose matrices are row- or column-major).
 
 The mapping through a signature: a permutation of outer dims maps through any op; a tiled
-dim never through a window dim (but for ops whose kernels index windows logically, LRN),
+dim never through a window dim (but for ops whose kernels index windows logically, LRN, and
+a window read at one index and dropped, a Gather of a scalar),
 through a parallel dim whose sizes differ between operands
 (Concat, Split, Slice, Pad along it) only when every size is whole tiles, and through a
 reduction dim only when the padding is neutral for it (Softmax and LayerNormalization need
@@ -117,8 +118,9 @@ def map_encoding(node: Node, sig: Signature, in_types: Sequence[TensorType | Non
         return None
     tiles = {src[d]: t for d, t in enc.tiles().items()}
     tiled_windows = node.op in REGISTRY and REGISTRY[node.op].tiled_windows
-    if not tiled_windows and any(sig.kind(letter) == "window" for letter in tiles):
-        return None
+    kept = {letter for k in range(len(out_types)) for letter in sig.letters(k, True) or ()}
+    if not tiled_windows and any(sig.kind(letter) == "window" and letter in kept for letter in tiles):
+        return None  # (a window read at one index and dropped addresses its tile like any index)
     if not _tiles_line_up(sig, in_types, out_types, tiles):
         return None
     order = [src[d] for d in enc.outer_perm(len(src))]

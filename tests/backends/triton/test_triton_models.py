@@ -9,7 +9,7 @@ import tilefold
 from tilefold.backends.triton import TritonExecutable, kernel_sources
 from tilefold.backends.triton.templates import classify
 from tilefold.bench.light import LIGHT_MODELS, light_path
-from tilefold.bench.models import UPSAMPLINGS, mlp_model, unet_model
+from tilefold.bench.models import UPSAMPLINGS, fusion_model, mlp_model, unet_model
 from tilefold.graph.graph import CONSTANT, INPUT, OUTPUT
 
 
@@ -109,6 +109,21 @@ def test_upsampling_unet_on_the_gpu_target_matches_onnxruntime(kit, kind):
     kit.assert_close(exe({"x": x}), want, rtol=1e-4, atol=1e-4)
     resamplers = [n.name for n in result.graph.nodes() if n.op in ("Resize", "Gather")]
     assert resamplers and all(result.graph.node(n).outputs[0].encoding is not None for n in resamplers)
+    assert exe.fallback_nodes == []
+
+
+def test_one_channel_of_a_channel_tiled_attention_map_is_gathered_from_its_tile(kit, device):
+    """GLPN's fusion: the Gathers of channel 0 and -1 of a 2-channel attention map read its
+    NCHWc16 buffer (one padded tile) by the index's tile and lane, never the padding."""
+    model = fusion_model()
+    x = np.random.default_rng(17).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    want = kit.ort_outputs(model, {"x": x})
+    graph = tilefold.optimize(tilefold.load(model), "gpu").graph
+    gathers = [n for n in graph.nodes() if n.op == "Gather"]
+    assert len(gathers) == 2 and all(graph.type_of(graph.inputs_of(n.name)[0]).encoding.inner_tiles == (16,)
+                                     for n in gathers)
+    exe = TritonExecutable(graph, device=device)
+    kit.assert_close(exe({"x": x}), want, rtol=1e-4, atol=1e-4)
     assert exe.fallback_nodes == []
 
 
