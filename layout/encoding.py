@@ -291,7 +291,30 @@ def reshape_encoding(src: Sequence[int], dst: Sequence[int], enc: PackedEncoding
     part of the one `dst` dim that starts at the same row-major stride and holds whole tiles
     (BERT's head split: hidden 768 tiled by 16 becomes (12, 64) with 64 tiled by 16), and it
     must hold no padding. Each tiled dim counts as its (blocks, tile) pair, and `reshape_perm`
-    checks that the groups stay together in the buffer."""
+    checks that the groups stay together in the buffer. A leading tile that holds its whole
+    dim is read as an outer dim first (`whole_tiles_outer`): a 16-token sequence in 16x16
+    tiles viewed as a 4x4 map is that map's NCHWc16 buffer."""
+    found = _reshape_encoding(src, dst, enc)
+    if found is None:
+        outer = whole_tiles_outer(enc, src)
+        found = _reshape_encoding(src, dst, outer) if outer != enc else None
+    return found
+
+
+def whole_tiles_outer(enc: PackedEncoding, shape: Sequence[int]) -> PackedEncoding:
+    """The same buffer with each leading inner tile that holds its whole dim (no padding) made
+    the last outer dim instead."""
+    tiles, perm = list(zip(enc.inner_dims_pos, enc.inner_tiles)), list(enc.outer_perm(len(shape)))
+    while tiles and isinstance(shape[tiles[0][0]], int) and tiles[0][1] == shape[tiles[0][0]]:
+        d = tiles.pop(0)[0]
+        perm.remove(d)
+        perm.append(d)
+    if len(tiles) == len(enc.inner_dims_pos):
+        return enc
+    return PackedEncoding(tuple(d for d, _ in tiles), tuple(t for _, t in tiles), tuple(perm), enc.pad)
+
+
+def _reshape_encoding(src: Sequence[int], dst: Sequence[int], enc: PackedEncoding) -> PackedEncoding | None:
     tiles = {d: t for d, t in enc.tiles().items() if t != 1}
     if any(src[d] % t for d, t in tiles.items()):
         return None  # padding would land inside the reshaped dims

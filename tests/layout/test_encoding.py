@@ -4,7 +4,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from tilefold.graph import VerifyError
-from tilefold.layout.encoding import SLAB, PackedEncoding, contiguous, pack, unpack
+from tilefold.layout.encoding import (SLAB, PackedEncoding, contiguous, pack, reshape_encoding, unpack,
+                                      whole_tiles_outer)
 
 
 @st.composite
@@ -104,6 +105,47 @@ def test_a_trivial_encoding_keeps_the_element_order(case):
     x, enc = case
     same_order = pack(x, enc).size == x.size and np.array_equal(pack(x, enc).ravel(), x.ravel())
     assert enc.is_trivial(x.shape) == same_order or (not enc.is_trivial(x.shape) and x.size <= 1)
+
+
+@st.composite
+def unpadded_encoding(draw, shape):
+    rank = len(shape)
+    tiled = draw(st.lists(st.integers(0, rank - 1), unique=True, max_size=rank))
+    tiles = tuple(draw(st.sampled_from([t for t in (1, 2, 3, 4, shape[d]) if shape[d] % t == 0])) for d in tiled)
+    return PackedEncoding(tuple(tiled), tiles, tuple(draw(st.permutations(range(rank)))))
+
+
+@given(st.lists(st.sampled_from([1, 2, 4, 6]), min_size=1, max_size=4).flatmap(
+    lambda shape: st.tuples(st.just(tuple(shape)), unpadded_encoding(shape), unpadded_encoding(shape))))
+@settings(max_examples=300, deadline=None)
+def test_same_layout_on_a_shape_means_the_same_bytes(case):
+    """Two unpadded encodings are the same layout on a shape exactly when they pack it to
+    the same buffer (NCHWc16 and NHWC of 16 channels)."""
+    shape, a, b = case
+    x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    assert a.same_layout_on(b, shape) == np.array_equal(pack(x, a).ravel(), pack(x, b).ravel())
+
+
+@given(packed_case())
+@settings(max_examples=200, deadline=None)
+def test_a_leading_tile_holding_its_whole_dim_reads_as_an_outer_dim(case):
+    x, enc = case
+    outer = whole_tiles_outer(enc, x.shape)
+    np.testing.assert_array_equal(pack(x, outer).ravel(), pack(x, enc).ravel())
+    assert len(outer.inner_tiles) <= len(enc.inner_tiles)
+
+
+def test_a_sequence_in_whole_token_tiles_viewed_as_a_map_is_its_channel_tiles():
+    """GLPN: 16 tokens x 48 channels in 16x16 tiles, viewed as a 4x4 map (N, H, W, C): the one
+    token tile holds every token, so the buffer is (C/16, tokens, 16), the map channels-last
+    with the channels tiled, which a permute to NCHW relabels as NCHWc16."""
+    tokens = PackedEncoding((1, 2), (16, 16))
+    view = reshape_encoding((1, 16, 48), (1, 4, 4, 48), tokens)
+    assert view == PackedEncoding((3,), (16,), (0, 3, 1, 2))
+    assert view.permuted((0, 3, 1, 2)) == PackedEncoding((1,), (16,))
+    x = np.arange(16 * 48, dtype=np.float32).reshape(1, 16, 48)
+    np.testing.assert_array_equal(pack(x.reshape(1, 4, 4, 48), view).ravel(), pack(x, tokens).ravel())
+    assert reshape_encoding((1, 32, 48), (1, 4, 8, 48), tokens) is None  # two token tiles: not a view
 
 
 @st.composite

@@ -721,3 +721,28 @@ def test_channels_last_is_the_channel_tiles_of_a_map_sixteen_channels_deep(chann
     shape = (1, side, side, 16)
     after = check(model(nodes, [("x", list(shape))], ["y", "gates"], weights), shape=shape)
     assert len(runtime_layout_ops(after)) == layout_ops
+
+
+def tokens_to_map(tokens=16, side=4, channels=32):
+    """GLPN's stage end: a Linear layer and a LayerNorm on (1, tokens, C), the sequence viewed
+    as a (side x side) map channels-last, permuted to NCHW, then a conv."""
+    node = helper.make_node
+    nodes = [node("MatMul", ["x", "w"], ["h"]),
+             node("Add", ["h", "b"], ["hb"]),
+             node("LayerNormalization", ["hb", "g", "beta"], ["n"], axis=-1),
+             node("Reshape", ["n", "image"], ["m"]),
+             node("Transpose", ["m"], ["t"], perm=[0, 3, 1, 2]),
+             node("Conv", ["t", "wc"], ["y"], pads=[1, 1, 1, 1])]
+    weights = {"w": normal(channels, channels, scale=0.3), "b": normal(channels), "g": normal(channels),
+               "beta": normal(channels), "image": np.array([1, tokens // side, side, channels], np.int64),
+               "wc": conv_weights(16, channels)}
+    return model(nodes, [("x", [1, tokens, channels])], ["y"], weights)
+
+
+@pytest.mark.parametrize("tokens, side, viewed", [(16, 4, True), (32, 4, False)])
+def test_a_sequence_of_one_token_tile_is_viewed_as_the_maps_channel_tiles(tokens, side, viewed):
+    """16 tokens in 16x16 tiles are one tile of tokens: the buffer is (C/16, tokens, 16), which
+    viewed as a 4x4 map and permuted to NCHW is the conv's NCHWc16, so nothing is copied.
+    With 32 tokens, two token tiles, the map's rows would split a tile: it is copied."""
+    after = check(tokens_to_map(tokens, side), shape=(1, tokens, 32))
+    assert (runtime_layout_ops(after) == []) == viewed
