@@ -97,7 +97,8 @@ def simplify(
     empty Pads and fold zero Pads into the Convs that read them, lower Einsums to MatMuls,
     compose chained Transposes, sink merges of batch dims, compose chains of Reshapes and
     Transposes holding two Transposes or more into one Transpose, compose chained Reshapes,
-    CSE, DCE.
+    split a Linear layer whose features are split after a permute into one per piece, CSE,
+    DCE.
 
     `evaluate` runs one node on constant inputs; graph/ does not import a backend, so the
     caller passes the NumPy backend's (tilefold.load does).
@@ -108,9 +109,10 @@ def simplify(
     from .fold import constant_folding, fold_batchnorm
     from .pads import fold_pads
     from .reshapes import compose_reshapes, sink_batch_merges
+    from .projections import split_projections
     from .shuffles import compose_shuffles
     from .transposes import compose_transposes
 
     passes = [constant_folding(evaluate), fold_batchnorm, fold_pads, lower_einsum, compose_transposes,
-              sink_batch_merges, compose_shuffles, compose_reshapes, cse, dce]
+              sink_batch_merges, compose_shuffles, compose_reshapes, split_projections, cse, dce]
     return run_passes(graph, passes, verify=verify, fixed_point=True, log=log)

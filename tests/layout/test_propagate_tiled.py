@@ -697,14 +697,33 @@ def test_the_gpu_matmul_kernels_read_16_wide_tiles_of_either_matrix_dim(enc, rea
     assert not target.reads(gemm, 0, padded)
 
 
-@pytest.mark.parametrize("channels, layout_ops", [(16, 0), (32, 3)])
-def test_channels_last_is_the_channel_tiles_of_a_map_sixteen_channels_deep(channels, layout_ops):
+@pytest.mark.parametrize("channels, copies", [(16, 0), (32, 2)])
+def test_channels_last_is_the_channel_tiles_of_a_map_sixteen_channels_deep(channels, copies):
+    """A residual Add of a channels-last map (a permuted NHWC input) and a conv's NCHWc16
+    result: for 16 channels both store the same bytes, so the Add reads both buffers as they
+    are (GLPN's fusion of a transformer stage and an upsampled map); for 32 they differ and
+    the Add runs on plain copies of both."""
+    node = helper.make_node
+    nodes = [node("Transpose", ["x"], ["t"], perm=[0, 3, 1, 2]),
+             node("Relu", ["t"], ["r"]),
+             node("Conv", ["image", "w0"], ["a"], pads=[1, 1, 1, 1]),
+             node("Add", ["r", "a"], ["s"]),
+             node("Conv", ["s", "w1"], ["y"], pads=[1, 1, 1, 1])]
+    feeds = {"x": RNG.standard_normal((1, 4, 4, channels)).astype(np.float32),
+             "image": RNG.standard_normal((1, 3, 4, 4)).astype(np.float32)}
+    proto = model(nodes, [("x", [1, 4, 4, channels]), ("image", [1, 3, 4, 4])], ["y"],
+                  {"w0": conv_weights(channels, 3), "w1": conv_weights(16, channels)})
+    after = check(proto, feeds=feeds)
+    assert len(runtime_layout_ops(after)) == copies
+
+
+@pytest.mark.parametrize("channels", [16, 32])
+def test_focalnet_modulation_runs_on_channel_tiles(channels):
     """FocalNet's modulation: a Linear layer's (pixels, 2C + 3) result, viewed as an NHWC map
-    and permuted to NCHW, is split into a query, a context and 3 gates. The context goes
-    through a conv, whose result the query multiplies. The split pieces keep the Linear
-    layer's channels-last buffer, and the conv and the product ask for NCHWc16: for 16
-    channels the same bytes, so the layouts cancel; for 32 they differ, and the two pieces
-    and the conv's result are copied."""
+    and permuted to NCHW, is split into a query, a context and 3 gates; the context goes
+    through a conv, whose result the query multiplies. split_projections (graph/) makes it
+    one Linear layer per piece, so each writes the NCHWc16 its reader takes: no copy (three
+    per block before, the 3 gates not being whole channel tiles)."""
     node = helper.make_node
     c, side = channels, 8
     nodes = [node("Reshape", ["x", "rows"], ["r"]),
@@ -720,7 +739,8 @@ def test_channels_last_is_the_channel_tiles_of_a_map_sixteen_channels_deep(chann
                "sizes": np.array([c, c, 3], np.int64), "wc": conv_weights(c, c), "wo": conv_weights(16, c)}
     shape = (1, side, side, 16)
     after = check(model(nodes, [("x", list(shape))], ["y", "gates"], weights), shape=shape)
-    assert len(runtime_layout_ops(after)) == layout_ops
+    assert runtime_layout_ops(after) == []
+    assert sum(n.op == "Gemm" for n in after.nodes()) == 3
 
 
 def tokens_to_map(tokens=16, side=4, channels=32):

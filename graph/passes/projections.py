@@ -1,0 +1,139 @@
+"""split_projections: a Split of a Linear layer's features, read through a permute, becomes
+one Linear layer per piece.
+
+FocalNet's modulation computes its query, context and gates with one Linear layer (2C + L + 1
+features), views the result as a channels-last map, permutes it to NCHW and splits the
+channels. The pieces are then channel slices of one channels-last buffer, and each reader
+wants its own layout: on the gpu target the L + 1 gates are not whole channel tiles, so the
+Split stays channels-last and the query and context are copied into the NCHWc16 their conv
+and product read (three copies per block). With one Linear layer per piece, each writes its
+piece in the layout its readers ask for (layout/propagate's rule 2b), for the same FLOPs and
+weight bytes (the weight's columns are sliced at compile time).
+
+Only where the chain between the Linear layer and the Split moves the features off the last
+dim (a Transpose): a Split of the last dim (GPT-2's query, key and value) reads column blocks
+of the result in place on every target, and is left alone. The chain holds Reshapes and
+Transposes, each result read by nothing else; the weights and bias are constants.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..graph import CONSTANT, DEQUANTIZED, Graph, Node
+from ..ops.shapes import norm_axis
+from ..ops.tensor import transpose_perm
+from ..types import TensorType, Value, as_array
+from .pipeline import Pass, PassResult
+
+
+def _plain(t: TensorType) -> bool:
+    return t.is_static and t.encoding is None
+
+
+def _axis_before_reshape(t_in: TensorType, t_out: TensorType, axis: int) -> int | None:
+    """The input dim that a reshape leaves as its result's dim `axis` (same size, same
+    row-major stride), or None."""
+    after = int(np.prod(t_out.shape[axis + 1:], dtype=np.int64))
+    for d, size in enumerate(t_in.shape):
+        if size == t_out.shape[axis] and int(np.prod(t_in.shape[d + 1:], dtype=np.int64)) == after:
+            return d
+    return None
+
+
+def _weights(graph: Graph, value: Value | None) -> np.ndarray | None:
+    """A constant's value, unless it stands for a dequantized one (kept whole)."""
+    if value is None:
+        return None
+    node = graph.node(value.node)
+    if node.op != CONSTANT or node.attrs.get(DEQUANTIZED) is not None:
+        return None
+    return as_array(node.attrs["value"])
+
+
+def _projection(graph: Graph, split: Node) -> tuple[Node, list[tuple[Node, int]]] | None:
+    """The Gemm or MatMul behind `split` and the chain to it, each node with the axis of its
+    result that becomes the split axis; None where the pattern does not hold."""
+    x = graph.inputs_of(split.name)[0]
+    t = graph.type_of(x)
+    if not _plain(t) or not all(_plain(o) for o in split.outputs):
+        return None
+    axis = norm_axis(split.attrs.get("axis", 0), t.rank)
+    chain: list[tuple[Node, int]] = []
+    while True:
+        producer = graph.node(x.node)
+        if len(graph.users(x)) != 1 or len(producer.outputs) != 1 or not _plain(producer.outputs[0]):
+            return None
+        if producer.op in ("Gemm", "MatMul"):
+            break
+        source = graph.inputs_of(producer.name)[0] if graph.inputs_of(producer.name) else None
+        if source is None or not _plain(graph.type_of(source)):
+            return None
+        chain.insert(0, (producer, axis))
+        if producer.op == "Transpose":
+            axis = transpose_perm(producer.attrs, producer.outputs[0].rank)[axis]
+        elif producer.op == "Reshape":
+            found = _axis_before_reshape(graph.type_of(source), producer.outputs[0], axis)
+            if found is None:
+                return None
+            axis = found
+        else:
+            return None
+        x = source
+    out = producer.outputs[0]
+    if axis != out.rank - 1 or not any(node.op == "Transpose" and a != node.outputs[0].rank - 1 for node, a in chain):
+        return None
+    operands = graph.inputs_of(producer.name)
+    b = _weights(graph, operands[1])
+    if b is None or b.ndim != 2 or (producer.op == "Gemm" and producer.attrs.get("transA", 0)):
+        return None
+    if len(operands) > 2 and operands[2] is not None and _weights(graph, operands[2]) is None:
+        return None
+    return producer, chain
+
+
+def _piece(graph: Graph, anchor: Node, chain: list[tuple[Node, int]], start: int, size: int, k: int) -> Value:
+    """The anchor and its chain for features [start, start + size): the piece's value."""
+    operands = graph.inputs_of(anchor.name)
+    b = _weights(graph, operands[1])
+    transposed = anchor.op == "Gemm" and anchor.attrs.get("transB", 0)
+    columns = b[start:start + size] if transposed else b[:, start:start + size]
+    inputs = [operands[0], graph.add_constant(np.ascontiguousarray(columns), name=f"{operands[1].node}_{k}")]
+    if len(operands) > 2 and operands[2] is not None:
+        c = _weights(graph, operands[2])
+        features = anchor.outputs[0].shape[-1]
+        if c.ndim and c.shape[-1] == features:
+            c = np.ascontiguousarray(c[..., start:start + size])
+        inputs.append(graph.add_constant(c, name=f"{operands[2].node}_{k}"))
+    out = anchor.outputs[0]
+    value = Value(graph.add_node(anchor.op, inputs, [TensorType(out.shape[:-1] + (size,), out.dtype)], dict(anchor.attrs),
+                                 name=f"{anchor.name}_{k}", origin=anchor.origin).name)
+    for node, axis in chain:
+        t = node.outputs[0]
+        shape = t.shape[:axis] + (size,) + t.shape[axis + 1:]
+        extra = [graph.add_constant(np.array(shape, np.int64), name=f"{node.name}_{k}_shape")] if node.op == "Reshape" else []
+        value = Value(graph.add_node(node.op, [value, *extra], [TensorType(shape, t.dtype)], dict(node.attrs),
+                                     name=f"{node.name}_{k}", origin=node.origin).name)
+    return value
+
+
+def _split_projections(graph: Graph) -> PassResult:
+    changed = False
+    for split in graph.nodes():
+        if split.op != "Split" or split.name not in graph:
+            continue
+        found = _projection(graph, split)
+        if found is None:
+            continue
+        anchor, chain = found
+        axis = norm_axis(split.attrs.get("axis", 0), graph.type_of(graph.inputs_of(split.name)[0]).rank)
+        start = 0
+        for k, piece in enumerate(split.outputs):
+            size = int(piece.shape[axis])
+            graph.replace_all_uses(Value(split.name, k), _piece(graph, anchor, chain, start, size, k))
+            start += size
+        graph.remove_node(split.name)
+        changed = True
+    return PassResult(graph, changed)
+
+
+split_projections = Pass("split_projections", _split_projections)
