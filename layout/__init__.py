@@ -4,8 +4,10 @@
 
 `before` is the graph right after materialization, with explicit Pack/Unpack around every
 anchor; `after` is the graph after propagation and folding, never moving more layout bytes
-at run time than `before`: where greedy propagation overshoots, it runs once more with
-Unpacks kept out of growing ops, else `after` is `before` with its weights folded.
+at run time than `before`: where greedy propagation leaves layout ops, it runs again with
+Transposes relabeled in the other order and the cheaper result is kept; where it overshoots,
+it runs once more with Unpacks kept out of growing ops, else `after` is `before` with its
+weights folded.
 layout/report.py compares them.
 """
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..graph import Graph
+from ..graph.graph import INPUT, OUTPUT
+from ..graph.types import Value
 from ..graph.passes.pipeline import PipelineLog
 
 
@@ -51,9 +55,27 @@ def optimize(graph: Graph, target: str = "cpu", *, verify: bool = False) -> Layo
     # never met a Pack can cost more than the wrapped anchors it started from. Then once more
     # with Unpacks kept out of growing ops (Mamba's scan broadcasts each step to (B, I, L, N));
     # else the wrapped anchors, their weights folded
+    # the order in which Transposes are relabeled matters too (`propagate`'s late_relabel):
+    # where the first order leaves layout ops inside the graph (not a Pack of an input or an
+    # Unpack into an output), the other is tried, the cheaper kept
+    def cost(g: Graph) -> tuple[int, int]:
+        layout = GraphLayout.of(g)
+        return layout.bytes(), len(layout.ops)
+
+    def inside(g: Graph) -> bool:
+        def boundary(name: str) -> bool:
+            node = g.node(name)
+            if node.op == "Pack":
+                return g.node(g.inputs_of(name)[0].node).op == INPUT
+            return all(g.node(user).op == OUTPUT for user, _ in g.users(Value(name)))
+        return not all(boundary(op.node) for op in GraphLayout.of(g).ops)
+
     for grow in (True, False):
-        after = propagate(before.copy(), chosen, verify=verify, log=log, grow=grow)
-        if GraphLayout.of(after).bytes() <= wrapped:
+        tries = [propagate(before.copy(), chosen, verify=verify, log=log, grow=grow)]
+        if inside(tries[0]):
+            tries.append(propagate(before.copy(), chosen, verify=verify, log=log, grow=grow, late_relabel=False))
+        after = min(tries, key=cost)
+        if cost(after)[0] <= wrapped:
             break
     else:
         after = fold_constant_layouts(before.copy(), verify=verify, log=log)

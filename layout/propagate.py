@@ -26,7 +26,8 @@ down as it can go, since its consumers come later in the order):
 6. transposes: a Transpose moves no data. Its result keeps its input's buffer, with the
    permuted encoding (an Unpack after it then moves down by rule 3), or its producer, an
    anchor, writes the transposed layout (rule 4 into an anchor). For a Transpose of a value
-   that is not unpacked, only once no other rule fires: its input may still become one.
+   that is not unpacked, either at once or only once no other rule fires (its input may
+   still become one): `layout.optimize` tries both orders.
 7. reshapes: a reshape of a packed buffer is a view of it whenever each group of dims it
    merges or splits stays together in the buffer and each tiled dim passes through whole
    (`reshape_encoding`), down (Unpack) and up (Pack). A flatten read only as a Gemm's or
@@ -472,7 +473,7 @@ def push_down(graph: Graph, node: Node, target: Target, grow: bool = True, relab
     """Rules 3 and 4 into `node`; with `grow` False, an Unpack does not move past an op whose
     results are larger than the value it unpacks (a broadcast into a bigger tensor); with
     `relabel` False, a Transpose of a value that is not unpacked is left as it is (rule 6
-    waits, see `propagate`)."""
+    waits: `propagate`'s `late_relabel`)."""
     if node.op in target.anchors:
         return anchor_reads(graph, node, target)
     if node.op in RESHAPES and (reshape_down(graph, node) or flatten_into_weights(graph, node)):
@@ -782,15 +783,22 @@ def fold_constant_layouts(graph: Graph, *, verify: bool = False, log: PipelineLo
 
 
 def propagate(graph: Graph, target: Target, *, verify: bool = False, log: PipelineLog | None = None,
-              grow: bool = True) -> Graph:
+              grow: bool = True, late_relabel: bool = True) -> Graph:
     """Run the rules to a fixed point, then absorb what is left into anchors, then clean up.
-    `grow` False keeps Unpacks out of ops that broadcast into larger results (`push_down`)."""
-    # a Transpose relabeled too early keeps the layout its input had then, and an Unpack
-    # reaching it later stops there (ConvNeXt's permute in front of each downsampling
-    # LayerNorm, relabeled before the residual Add feeding it ran on tiles): rule 6 waits
-    # for a sweep in which nothing else fires
-    moves = Pass("propagate", lambda g: PassResult(g, _sweep(g, target, final=False, grow=grow, relabel=False)
-                                                   or _sweep(g, target, final=False, grow=grow)))
+    `grow` False keeps Unpacks out of ops that broadcast into larger results (`push_down`).
+    `late_relabel`: rule 6 for a Transpose of a value that is not unpacked waits for a sweep
+    in which nothing else fires. Relabeled early, such a Transpose keeps the layout its input
+    had then, and an Unpack reaching it later stops there (ConvNeXt's permute in front of
+    each downsampling LayerNorm, relabeled before the residual Add feeding it ran on tiles);
+    relabeled late, an op after it may already have taken another layout from its readers
+    (a Llama's scaled keys, tiled for the score MatMul before the keys' permute was
+    relabeled). `layout.optimize` tries both."""
+    def sweep(g: Graph) -> bool:
+        if late_relabel:
+            return _sweep(g, target, final=False, grow=grow, relabel=False) or _sweep(g, target, final=False, grow=grow)
+        return _sweep(g, target, final=False, grow=grow)
+
+    moves = Pass("propagate", lambda g: PassResult(g, sweep(g)))
     graph = run_passes(graph, [moves, dce], verify=verify, fixed_point=True, max_rounds=50, log=log)
     last = Pass("absorb", lambda g: PassResult(g, _sweep(g, target, final=True, grow=grow)))
     return run_passes(graph, [last, cse, dce], verify=verify, fixed_point=True, log=log)

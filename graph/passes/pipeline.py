@@ -97,12 +97,13 @@ def simplify(
     empty Pads and fold zero Pads into the Convs that read them, lower Einsums to MatMuls,
     compose chained Transposes, sink merges of batch dims, compose chains of Reshapes and
     Transposes holding two Transposes or more into one Transpose, compose chained Reshapes,
-    split a Linear layer whose features are split after a permute into one per piece, CSE,
-    DCE.
+    split a Linear layer whose features are split after a permute into one per piece, make a
+    Tile of size-1 dims an Expand, CSE, DCE.
 
     `evaluate` runs one node on constant inputs; graph/ does not import a backend, so the
     caller passes the NumPy backend's (tilefold.load does).
     """
+    from .broadcasts import tile_as_expand
     from .cse import cse
     from .dce import dce
     from .einsum import lower_einsum
@@ -114,5 +115,6 @@ def simplify(
     from .transposes import compose_transposes
 
     passes = [constant_folding(evaluate), fold_batchnorm, fold_pads, lower_einsum, compose_transposes,
-              sink_batch_merges, compose_shuffles, compose_reshapes, split_projections, cse, dce]
+              sink_batch_merges, compose_shuffles, compose_reshapes, split_projections, tile_as_expand,
+              cse, dce]
     return run_passes(graph, passes, verify=verify, fixed_point=True, log=log)

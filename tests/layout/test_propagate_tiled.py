@@ -766,3 +766,37 @@ def test_a_sequence_of_one_token_tile_is_viewed_as_the_maps_channel_tiles(tokens
     With 32 tokens, two token tiles, the map's rows would split a tile: it is copied."""
     after = check(tokens_to_map(tokens, side), shape=(1, tokens, 32))
     assert (runtime_layout_ops(after) == []) == viewed
+
+
+def scaled_keys():
+    """A Llama's scaled keys: the keys permuted (K^T), viewed per head, scaled by a constant,
+    and read by the score MatMul."""
+    node = helper.make_node
+    nodes = [node("Relu", ["k"], ["kr"]),
+             node("Transpose", ["kr"], ["kt"], perm=[0, 2, 1]),
+             node("Reshape", ["kt", "shape"], ["k4"]),
+             node("Mul", ["k4", "scale"], ["ks"]),
+             node("MatMul", ["q", "ks"], ["y"])]
+    weights = {"shape": np.array([1, 4, 16, 16], np.int64), "scale": np.array(0.25, np.float32)}
+    return model(nodes, [("q", [1, 4, 16, 16]), ("k", [4, 16, 16])], ["y"], weights)
+
+
+@pytest.mark.parametrize("build, feeds, late_wins", [
+    (convnext_stages, {"x": (1, 3, 32, 32)}, True),
+    (scaled_keys, {"q": (1, 4, 16, 16), "k": (4, 16, 16)}, False),
+])
+def test_the_order_of_relabeling_transposes_is_tried_both_ways(build, feeds, late_wins):
+    """Relabeling a Transpose of a plain value late (once nothing else moves) lets ConvNeXt's
+    residual Add take tiles before the permute after it is relabeled; early, the permute of
+    the keys is relabeled before the scale takes the MatMul's tiles, and the permuted keys
+    flow into the MatMul. Each order leaves a copy in the other's model; `optimize` tries
+    both and keeps the cheaper."""
+    from tilefold.layout.materialize import materialize
+
+    proto = build()
+    gpu = get_target("gpu")
+    before = materialize(tilefold.load(proto), gpu)
+    left = {late: runtime_layout_ops(propagate(before.copy(), gpu, late_relabel=late)) for late in (True, False)}
+    assert (left[True] == []) == late_wins and (left[False] == []) != late_wins
+    after = check(proto, feeds={n: RNG.standard_normal(s).astype(np.float32) for n, s in feeds.items()})
+    assert runtime_layout_ops(after) == []
