@@ -61,6 +61,10 @@ class TensorType:
     def with_shape(self, shape: tuple[Dim, ...]) -> TensorType:
         return TensorType(tuple(shape), self.dtype, self.encoding)
 
+    def logical(self) -> TensorType:
+        """The same tensor in the identity layout (its encoding dropped)."""
+        return self if self.encoding is None else TensorType(self.shape, self.dtype)
+
     def __str__(self) -> str:
         dims = "x".join(str(d) for d in self.shape)
         enc = "" if self.encoding is None else f" {self.encoding}"

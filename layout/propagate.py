@@ -214,8 +214,8 @@ def _logical_constant(const: Node) -> tuple[ConstValue, TensorType]:
     if t.encoding is None:
         return value, t
     if isinstance(value, Splat):
-        return Splat(value.value, t.shape, t.dtype), _logical(t)
-    return unpack(value, t.encoding, t.shape), _logical(t)
+        return Splat(value.value, t.shape, t.dtype), t.logical()
+    return unpack(value, t.encoding, t.shape), t.logical()
 
 
 def _packed_constant(graph: Graph, const: Node, enc: PackedEncoding, shape: tuple[int, ...] | None = None) -> Value:
@@ -633,7 +633,7 @@ def rewrite_writer(graph: Graph, packed: Value, want: PackedEncoding, target: Ta
             rank = graph.type_of(source).rank
             back = enc.permuted(tuple(int(i) for i in np.argsort(transpose_perm(producer.attrs, rank))))
         elif producer.op in RESHAPES:
-            back = _reshaped_back(_logical(graph.type_of(source)), _logical(result), enc)
+            back = _reshaped_back(graph.type_of(source).logical(), result.logical(), enc)
         else:
             mapping, slot = _elementwise_back(graph, producer, enc)
             if mapping is not None:
@@ -666,10 +666,6 @@ def rewrite_writer(graph: Graph, packed: Value, want: PackedEncoding, target: Ta
     return True
 
 
-def _logical(t: TensorType) -> TensorType:
-    return TensorType(t.shape, t.dtype)
-
-
 def _elementwise_back(graph: Graph, node: Node, enc: PackedEncoding) -> tuple[Mapping | None, int]:
     """How an elementwise `node` writes `enc`: the encodings of its operands, and which one is
     its only runtime operand (the others are constants, packed at compile time)."""
@@ -678,8 +674,8 @@ def _elementwise_back(graph: Graph, node: Node, enc: PackedEncoding) -> tuple[Ma
     runtime = [i for i, v in enumerate(inputs) if v is not None and _producer(graph, v).op != CONSTANT]
     if opdef is None or opdef.layout != "agnostic" or len(runtime) != 1:
         return None, 0
-    in_types = [_logical(graph.type_of(v)) if v is not None else None for v in inputs]
-    sig = signature(node.op, node.attrs, in_types, [_logical(t) for t in node.outputs])
+    in_types = [graph.type_of(v).logical() if v is not None else None for v in inputs]
+    sig = signature(node.op, node.attrs, in_types, [t.logical() for t in node.outputs])
     mapping = map_encoding(node, sig, in_types, (True, 0), enc) if sig is not None else None
     if mapping is None or runtime[0] in mapping.ranked or mapping.operands[runtime[0]] is None:
         return None, 0

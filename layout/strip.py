@@ -12,7 +12,7 @@ Used to plan a graph optimized for one target again for another.
 from __future__ import annotations
 
 from ..graph.graph import Graph
-from ..graph.types import Splat, TensorType, Value, freeze
+from ..graph.types import Splat, Value, freeze
 from .encoding import PackedEncoding, unpack
 
 
@@ -32,7 +32,7 @@ def strip_layouts(graph: Graph) -> Graph:
             plain.replace_all_uses(Value(node.name), source)
             plain.remove_node(node.name)
             continue
-        node.outputs = [TensorType(t.shape, t.dtype) for t in node.outputs]  # (3)
+        node.outputs = [t.logical() for t in node.outputs]  # (3)
         node.device = None
         node.launch = None
     plain.meta.pop("target", None)

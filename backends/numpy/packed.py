@@ -101,8 +101,8 @@ def _logical_value(value: Any, t: TensorType | None) -> Any:
 
 def logical_spec(spec: KernelSpec) -> KernelSpec:
     """The spec the plain kernel sees: identity types, logical constants."""
-    plain = [None if t is None else TensorType(t.shape, t.dtype) for t in spec.in_types]
-    node = dataclasses.replace(spec.node, outputs=[TensorType(t.shape, t.dtype) for t in spec.out_types])
+    plain = [None if t is None else t.logical() for t in spec.in_types]
+    node = dataclasses.replace(spec.node, outputs=[t.logical() for t in spec.out_types])
     consts = [_logical_value(c, t) for c, t in zip(spec.consts, spec.in_types)]
     return KernelSpec(node, plain, consts)
 

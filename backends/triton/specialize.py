@@ -42,7 +42,7 @@ def specialize(graph: Graph, shapes: Mapping[str, tuple[int, ...]]) -> Graph:
         consts = [None if v is None else g.constant_value(v) if g.constant_value(v) is not None else known.get(v)
                   for v in values]
         logical = types if node.op in ("Pack", "Unpack") else [
-            None if t is None else TensorType(t.shape, t.dtype) for t in types]
+            None if t is None else t.logical() for t in types]
         outs = infer(node.op, node.attrs, logical, consts, node)
         node.outputs = [TensorType(o.shape, o.dtype, old.encoding if old.encoding is not None else None)
                         for o, old in zip(outs, node.outputs)]

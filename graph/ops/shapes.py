@@ -44,7 +44,7 @@ def same_as(types: Sequence[TensorType | None], index: int = 0) -> list[TensorTy
     """Result typed like input `index` (unary elementwise ops)."""
     t = types[index]
     assert t is not None
-    return [TensorType(t.shape, t.dtype)]
+    return [t.logical()]
 
 
 # ---- symbolic dims -----------------------------------------------------------------

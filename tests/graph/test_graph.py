@@ -89,3 +89,4 @@ def test_tensor_type_bytes_include_encoding_padding():
     t = TensorType((3, 10), F32, Pad8())
     assert t.nbytes() == 8 * 16 * 4
     assert TensorType((3, "n"), F32).nbytes() is None
+    assert t.logical() == TensorType((3, 10), F32) and t.logical().nbytes() == 3 * 10 * 4
