@@ -54,28 +54,26 @@ def optimize(graph: Graph, target: str = "cpu", *, verify: bool = False) -> Layo
     # propagation is greedy: an Unpack it pushed into a fork or through a growing op that
     # never met a Pack can cost more than the wrapped anchors it started from. Then once more
     # with Unpacks kept out of growing ops (Mamba's scan broadcasts each step to (B, I, L, N));
-    # else the wrapped anchors, their weights folded
-    # the order in which Transposes are relabeled matters too (`propagate`'s late_relabel):
-    # where the first order leaves layout ops inside the graph (not a Pack of an input or an
-    # Unpack into an output), the other is tried, the cheaper kept
-    def cost(g: Graph) -> tuple[int, int]:
-        layout = GraphLayout.of(g)
-        return layout.bytes(), len(layout.ops)
-
-    def inside(g: Graph) -> bool:
+    # else the wrapped anchors, their weights folded. The order in which Transposes are
+    # relabeled matters too (`propagate`'s late_relabel): where the first order leaves layout
+    # ops inside the graph (not a Pack of an input or an Unpack into an output), the other is
+    # tried, and the cheaper kept
+    def inside(g: Graph, layout: GraphLayout) -> bool:
         def boundary(name: str) -> bool:
-            node = g.node(name)
-            if node.op == "Pack":
+            if g.node(name).op == "Pack":
                 return g.node(g.inputs_of(name)[0].node).op == INPUT
             return all(g.node(user).op == OUTPUT for user, _ in g.users(Value(name)))
-        return not all(boundary(op.node) for op in GraphLayout.of(g).ops)
+        return not all(boundary(op.node) for op in layout.ops)
 
     for grow in (True, False):
-        tries = [propagate(before.copy(), chosen, verify=verify, log=log, grow=grow)]
-        if inside(tries[0]):
-            tries.append(propagate(before.copy(), chosen, verify=verify, log=log, grow=grow, late_relabel=False))
-        after = min(tries, key=cost)
-        if cost(after)[0] <= wrapped:
+        after = propagate(before.copy(), chosen, verify=verify, log=log, grow=grow)
+        layout = GraphLayout.of(after)
+        if inside(after, layout):
+            other = propagate(before.copy(), chosen, verify=verify, log=log, grow=grow, late_relabel=False)
+            other_layout = GraphLayout.of(other)
+            if (other_layout.bytes(), len(other_layout.ops)) < (layout.bytes(), len(layout.ops)):
+                after, layout = other, other_layout
+        if layout.bytes() <= wrapped:
             break
     else:
         after = fold_constant_layouts(before.copy(), verify=verify, log=log)

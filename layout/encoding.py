@@ -145,7 +145,7 @@ def _outer_size(shape: Sequence, d: int, tiles: dict[int, int]) -> int:
 def buffer_axes(enc: PackedEncoding, shape: Sequence[int]) -> list[tuple[int, int, int]]:
     """(logical dim, step within the dim, size) of every buffer axis."""
     tiles = enc.tiles()
-    axes = [(d, tiles[d], -(-shape[d] // tiles[d])) if d in tiles else (d, 1, shape[d])
+    axes = [(d, tiles[d], ceil_div(shape[d], tiles[d])) if d in tiles else (d, 1, shape[d])
             for d in enc.outer_perm(len(shape))]
     return axes + [(d, 1, t) for d, t in zip(enc.inner_dims_pos, enc.inner_tiles)]
 
@@ -153,9 +153,7 @@ def buffer_axes(enc: PackedEncoding, shape: Sequence[int]) -> list[tuple[int, in
 def flat_order(enc: PackedEncoding, shape: Sequence[int]) -> tuple[tuple[int, int], ...]:
     """The merged (row-major logical stride, size) of the buffer's axes, size-1 axes dropped:
     two unpadded buffers hold the same bytes when these are equal."""
-    strides = [1] * len(shape)
-    for d in range(len(shape) - 2, -1, -1):
-        strides[d] = strides[d + 1] * shape[d + 1]
+    strides = _strides(shape)
     merged: list[tuple[int, int]] = []
     for d, step, size in buffer_axes(enc, shape):
         if size == 1:

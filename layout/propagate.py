@@ -642,19 +642,18 @@ def rewrite_writer(graph: Graph, packed: Value, want: PackedEncoding, target: Ta
             return False
         steps.append((producer, enc, mapping))
         v, enc = source, back
-    unpacks = [node for node, _, _ in steps if node.op == UNPACK]
-    if not unpacks and result.encoding is not None and result.encoding.same_layout(enc):
+    through_unpack = any(node.op == UNPACK for node, _, _ in steps)
+    if not through_unpack and result.encoding is not None and result.encoding.same_layout(enc):
         return False
     if not target.writes(producer, TensorType(result.shape, result.dtype, enc)):
         return False
     if dry:
         return True
     producer.outputs[0] = TensorType(result.shape, result.dtype, canonical(enc, result.shape))
-    for node in unpacks:
-        graph.replace_all_uses(Value(node.name), graph.inputs_of(node.name)[0])
-        graph.remove_node(node.name)
     for node, enc, mapping in steps:
         if node.op == UNPACK:
+            graph.replace_all_uses(Value(node.name), graph.inputs_of(node.name)[0])
+            graph.remove_node(node.name)
             continue
         shape = node.outputs[0].shape
         node.outputs[0] = TensorType(shape, node.outputs[0].dtype, canonical(enc, shape))

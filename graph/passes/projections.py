@@ -17,6 +17,8 @@ Transposes, each result read by nothing else; the weights and bias are constants
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..graph import CONSTANT, DEQUANTIZED, Graph, Node
@@ -50,14 +52,25 @@ def _weights(graph: Graph, value: Value | None) -> np.ndarray | None:
     return as_array(node.attrs["value"])
 
 
-def _projection(graph: Graph, split: Node) -> tuple[Node, list[tuple[Node, int]]] | None:
-    """The Gemm or MatMul behind `split` and the chain to it, each node with the axis of its
-    result that becomes the split axis; None where the pattern does not hold."""
+@dataclass
+class Projection:
+    """The Gemm or MatMul behind a Split, its weights and bias, and the chain from it to the
+    Split: each node with the axis of its result that becomes the split axis."""
+
+    anchor: Node
+    weights: np.ndarray
+    bias: np.ndarray | None
+    chain: list[tuple[Node, int]]
+    axis: int  # the Split's
+
+
+def _projection(graph: Graph, split: Node) -> Projection | None:
+    """`split`'s Projection, or None where the pattern does not hold."""
     x = graph.inputs_of(split.name)[0]
     t = graph.type_of(x)
     if not _plain(t) or not all(_plain(o) for o in split.outputs):
         return None
-    axis = norm_axis(split.attrs.get("axis", 0), t.rank)
+    split_axis = axis = norm_axis(split.attrs.get("axis", 0), t.rank)
     chain: list[tuple[Node, int]] = []
     while True:
         producer = graph.node(x.node)
@@ -65,7 +78,8 @@ def _projection(graph: Graph, split: Node) -> tuple[Node, list[tuple[Node, int]]
             return None
         if producer.op in ("Gemm", "MatMul"):
             break
-        source = graph.inputs_of(producer.name)[0] if graph.inputs_of(producer.name) else None
+        inputs = graph.inputs_of(producer.name)
+        source = inputs[0] if inputs else None
         if source is None or not _plain(graph.type_of(source)):
             return None
         chain.insert(0, (producer, axis))
@@ -86,28 +100,29 @@ def _projection(graph: Graph, split: Node) -> tuple[Node, list[tuple[Node, int]]
     b = _weights(graph, operands[1])
     if b is None or b.ndim != 2 or (producer.op == "Gemm" and producer.attrs.get("transA", 0)):
         return None
-    if len(operands) > 2 and operands[2] is not None and _weights(graph, operands[2]) is None:
+    has_bias = len(operands) > 2 and operands[2] is not None
+    c = _weights(graph, operands[2]) if has_bias else None
+    if has_bias and c is None:
         return None
-    return producer, chain
+    return Projection(producer, b, c, chain, split_axis)
 
 
-def _piece(graph: Graph, anchor: Node, chain: list[tuple[Node, int]], start: int, size: int, k: int) -> Value:
+def _piece(graph: Graph, found: Projection, start: int, size: int, k: int) -> Value:
     """The anchor and its chain for features [start, start + size): the piece's value."""
+    anchor = found.anchor
     operands = graph.inputs_of(anchor.name)
-    b = _weights(graph, operands[1])
     transposed = anchor.op == "Gemm" and anchor.attrs.get("transB", 0)
-    columns = b[start:start + size] if transposed else b[:, start:start + size]
+    columns = found.weights[start:start + size] if transposed else found.weights[:, start:start + size]
     inputs = [operands[0], graph.add_constant(np.ascontiguousarray(columns), name=f"{operands[1].node}_{k}")]
-    if len(operands) > 2 and operands[2] is not None:
-        c = _weights(graph, operands[2])
-        features = anchor.outputs[0].shape[-1]
-        if c.ndim and c.shape[-1] == features:
+    if found.bias is not None:
+        c = found.bias
+        if c.ndim and c.shape[-1] == anchor.outputs[0].shape[-1]:
             c = np.ascontiguousarray(c[..., start:start + size])
         inputs.append(graph.add_constant(c, name=f"{operands[2].node}_{k}"))
     out = anchor.outputs[0]
     value = Value(graph.add_node(anchor.op, inputs, [TensorType(out.shape[:-1] + (size,), out.dtype)], dict(anchor.attrs),
                                  name=f"{anchor.name}_{k}", origin=anchor.origin).name)
-    for node, axis in chain:
+    for node, axis in found.chain:
         t = node.outputs[0]
         shape = t.shape[:axis] + (size,) + t.shape[axis + 1:]
         extra = [graph.add_constant(np.array(shape, np.int64), name=f"{node.name}_{k}_shape")] if node.op == "Reshape" else []
@@ -124,12 +139,10 @@ def _split_projections(graph: Graph) -> PassResult:
         found = _projection(graph, split)
         if found is None:
             continue
-        anchor, chain = found
-        axis = norm_axis(split.attrs.get("axis", 0), graph.type_of(graph.inputs_of(split.name)[0]).rank)
         start = 0
         for k, piece in enumerate(split.outputs):
-            size = int(piece.shape[axis])
-            graph.replace_all_uses(Value(split.name, k), _piece(graph, anchor, chain, start, size, k))
+            size = int(piece.shape[found.axis])
+            graph.replace_all_uses(Value(split.name, k), _piece(graph, found, start, size, k))
             start += size
         graph.remove_node(split.name)
         changed = True
