@@ -16,8 +16,10 @@ down as it can go, since its consumers come later in the order):
    (or of one whose writer can write it instead, as in 2b: ConvNeXt's residual add), or
    needs no packing; or else (a value with several consumers) a runtime value packed by
    a Pack that is already there, or by a new one, while that moves fewer bytes than the
-   Unpack: the Unpack then goes on down and cancels (a residual add reading the LayerNorm
-   output its MatMuls pack anyway; an attention mask broadcast over heads, packed once).
+   Unpack: the Unpack then goes on down and cancels (an attention mask broadcast over
+   heads, packed once). A Pack that only anchors read, and will absorb (rule 5), is not
+   there to reuse when the Unpack can go for free instead (rule 2b, its anchor writing the
+   plain layout): BERT's residual stream stays row-major.
 4. up: Pack(N(...)) where every user of N packs the same way, by the same mapping run
    backwards, under the same condition.
 5. absorb: a Pack left in front of an anchor whose kernel can read the unpacked operand
@@ -49,7 +51,7 @@ that would break that.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -237,9 +239,15 @@ def _packed_constant(graph: Graph, const: Node, enc: PackedEncoding, shape: tupl
 
 
 def _rewrite(graph: Graph, node: Node, mapping: Mapping, sources: list[Value | None]) -> None:
-    """Make `node` read `sources` and write `mapping.results`; Unpack its packed results."""
+    """Make `node` read `sources` and write `mapping.results`; Unpack its packed results. An
+    Unpack it no longer reads goes when nothing else does (a packed value read by one node
+    is what rule 2b looks for)."""
+    before = graph.inputs_of(node.name)
     for slot, value in enumerate(sources):
         graph.set_input(node.name, slot, value)
+    for value in before:
+        if value is not None and value.node in graph and graph.node(value.node).op == UNPACK and not graph.users(value):
+            graph.remove_node(value.node)
     for k, enc in enumerate(mapping.results):
         logical = node.outputs[k]
         if enc is None:
@@ -254,7 +262,8 @@ def _rewrite(graph: Graph, node: Node, mapping: Mapping, sources: list[Value | N
 
 
 def _sources_for(graph: Graph, node: Node, mapping: Mapping, budget: int = 0,
-                 target: Target | None = None) -> list[Value | None] | None:
+                 target: Target | None = None, writes_plain: Callable[[], bool] | None = None
+                 ) -> list[Value | None] | None:
     """What `node` reads under `mapping` (see `_source`). With a `target`, an operand that is
     an Unpack of another layout, or a runtime value read by nothing else, is read in place
     once its anchor can write the mapped layout instead (`rewrite_writer`: a residual add of a
@@ -262,7 +271,11 @@ def _sources_for(graph: Graph, node: Node, mapping: Mapping, budget: int = 0,
     With a `budget` (the bytes of the Unpack being pushed down), a runtime operand may be
     packed too, reusing a Pack of it that is already there while the bytes it moves stay
     within the budget, or adding one that moves fewer bytes than the budget (a broadcast
-    attention mask packed once for every layer instead of each layer's scores unpacked)."""
+    attention mask packed once for every layer instead of each layer's scores unpacked).
+    A Pack that anchors will absorb in the end (rule 5) is not there to reuse when
+    `writes_plain()` says the Unpack can go for free instead (rule 2b: its anchor writes
+    the plain layout; BERT's residual stream then stays plain, with no Pack after the
+    embedding and no Unpack at the output)."""
     inputs = graph.inputs_of(node.name)
     sources = [_source(graph, v, enc, mapping.ranked.get(i)) for i, (v, enc) in enumerate(zip(inputs, mapping.operands))]
     if target is not None and any(s is False for s in sources):
@@ -283,7 +296,8 @@ def _sources_for(graph: Graph, node: Node, mapping: Mapping, budget: int = 0,
         v, enc, t = inputs[i], mapping.operands[i], graph.type_of(inputs[i])
         if i in mapping.ranked or t.encoding is not None or not t.is_static:
             return None
-        existing = [u for u, _ in graph.users(v) if graph.node(u).op == PACK and graph.node(u).attrs["encoding"] == enc]
+        existing = [u for u, _ in graph.users(v) if graph.node(u).op == PACK and graph.node(u).attrs["encoding"] == enc
+                    and not (writes_plain is not None and _absorbed(graph, graph.node(u), target) and writes_plain())]
         plan[i] = (Value(existing[0]) if existing else None, 0 if _pack_moves_up(graph, v, enc) else t.nbytes())
     spent = sum(cost for _, cost in plan.values())
     adds = any(found is None for found, _ in plan.values())
@@ -488,12 +502,14 @@ def push_down(graph: Graph, node: Node, target: Target, grow: bool = True, relab
         producer = _producer(graph, value)
         if producer is None or producer.op != UNPACK:
             continue
-        packed = graph.type_of(graph.inputs_of(producer.name)[0])
+        behind = graph.inputs_of(producer.name)[0]
+        packed = graph.type_of(behind)
         budget = packed.nbytes() or 0
         if not grow and sum(t.nbytes() or 0 for t in node.outputs) > budget:
             continue
         mapping = map_encoding(node, sig, in_types, (False, slot), packed.encoding)
-        sources = _sources_for(graph, node, mapping, budget, target) if mapping is not None else None
+        writes_plain = lambda: rewrite_writer(graph, behind, PackedEncoding((), ()), target, dry=True)  # noqa: E731
+        sources = _sources_for(graph, node, mapping, budget, target, writes_plain) if mapping is not None else None
         results = padding_checked(graph, node, sig, sources, mapping.results) if sources is not None else None
         if results is not None:
             mapping.results = results
@@ -636,8 +652,8 @@ def rewrite_writer(graph: Graph, packed: Value, want: PackedEncoding, target: Ta
             back = _reshaped_back(graph.type_of(source).logical(), result.logical(), enc)
         else:
             mapping, slot = _elementwise_back(graph, producer, enc)
-            if mapping is not None:
-                back, source = mapping.operands[slot], inputs[slot]
+            if mapping is not None:  # (an operand's encoding None: plain, as `enc` is)
+                back, source = mapping.operands[slot] or PackedEncoding((), ()), inputs[slot]
         if back is None:
             return False
         steps.append((producer, enc, mapping))
@@ -676,7 +692,7 @@ def _elementwise_back(graph: Graph, node: Node, enc: PackedEncoding) -> tuple[Ma
     in_types = [graph.type_of(v).logical() if v is not None else None for v in inputs]
     sig = signature(node.op, node.attrs, in_types, [t.logical() for t in node.outputs])
     mapping = map_encoding(node, sig, in_types, (True, 0), enc) if sig is not None else None
-    if mapping is None or runtime[0] in mapping.ranked or mapping.operands[runtime[0]] is None:
+    if mapping is None or runtime[0] in mapping.ranked or in_types[runtime[0]].shape != node.outputs[0].shape:
         return None, 0
     return mapping, runtime[0]
 
@@ -730,21 +746,29 @@ def _relayout_behind(graph: Graph, reshape: Node, enc: PackedEncoding, target: T
     return rewrite_writer(graph, graph.inputs_of(unpack_node.name)[0], wanted, target)
 
 
+def _reads_unpacked(graph: Graph, anchor: Node, slot: int, pack_node: Node, target: Target) -> bool:
+    """Whether `anchor`'s kernel reads the value `pack_node` packs at `slot`, unpacked."""
+    if slot != 0 or anchor.op not in target.anchors:
+        return False
+    logical = [graph.type_of(v) if v is not None else None for v in graph.inputs_of(anchor.name)]
+    logical[0] = graph.type_of(graph.inputs_of(pack_node.name)[0])
+    layout = target.anchor_layout(anchor, logical)
+    return layout is not None and layout.reads_identity
+
+
+def _absorbed(graph: Graph, pack_node: Node, target: Target) -> bool:
+    """Whether every reader of `pack_node` is an anchor that will absorb it (rule 5): such a
+    Pack costs nothing yet, so reusing it for another reader is not free."""
+    users = graph.users(Value(pack_node.name))
+    return bool(users) and all(_reads_unpacked(graph, graph.node(u), slot, pack_node, target) for u, slot in users)
+
+
 def absorb(graph: Graph, node: Node, target: Target) -> bool:
     """Rule 5: an anchor reads the unpacked operand 0 itself."""
     users = graph.users(Value(node.name))
-    if len(users) != 1 or users[0][1] != 0:
+    if len(users) != 1 or not _reads_unpacked(graph, graph.node(users[0][0]), users[0][1], node, target):
         return False
-    anchor = graph.node(users[0][0])
-    if anchor.op not in target.anchors:
-        return False
-    inputs = graph.inputs_of(anchor.name)
-    logical = [graph.type_of(v) if v is not None else None for v in inputs]
-    logical[0] = graph.type_of(graph.inputs_of(node.name)[0])
-    layout = target.anchor_layout(anchor, logical)
-    if layout is None or not layout.reads_identity:
-        return False
-    graph.set_input(anchor.name, 0, graph.inputs_of(node.name)[0])
+    graph.set_input(users[0][0], 0, graph.inputs_of(node.name)[0])
     graph.remove_node(node.name)
     return True
 

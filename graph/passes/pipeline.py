@@ -95,7 +95,8 @@ def simplify(
 ) -> Graph:
     """The standard clean-up: fold constants (shape subgraphs, splats), fold BatchNorm, drop
     empty Pads and fold zero Pads into the Convs that read them, lower Einsums to MatMuls,
-    compose chained Transposes, sink merges of batch dims, compose chains of Reshapes and
+    compose chained Transposes, sink merges of leading dims (batch and heads; a Linear layer's
+    rows, its Gemm becoming a MatMul and an Add), compose chains of Reshapes and
     Transposes holding two Transposes or more into one Transpose, compose chained Reshapes,
     split a Linear layer whose features are split after a permute into one per piece, make a
     Tile of size-1 dims an Expand, CSE, DCE.

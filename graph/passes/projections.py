@@ -62,6 +62,7 @@ class Projection:
     bias: np.ndarray | None
     chain: list[tuple[Node, int]]
     axis: int  # the Split's
+    bias_add: Node | None = None  # the Add of `bias` after a MatMul anchor; None: the Gemm's C
 
 
 def _projection(graph: Graph, split: Node) -> Projection | None:
@@ -72,12 +73,19 @@ def _projection(graph: Graph, split: Node) -> Projection | None:
         return None
     split_axis = axis = norm_axis(split.attrs.get("axis", 0), t.rank)
     chain: list[tuple[Node, int]] = []
+    bias_add: Node | None = None  # the Add of a MatMul's bias (torch.onnx's Linear layer)
     while True:
         producer = graph.node(x.node)
         if len(graph.users(x)) != 1 or len(producer.outputs) != 1 or not _plain(producer.outputs[0]):
             return None
         if producer.op in ("Gemm", "MatMul"):
             break
+        if producer.op == "Add" and bias_add is None:
+            anchor = graph.node(graph.inputs_of(producer.name)[0].node)
+            if (anchor.op == "MatMul" and len(graph.users(Value(anchor.name))) == 1
+                    and anchor.outputs[0].shape == producer.outputs[0].shape):
+                bias_add, x = producer, Value(anchor.name)
+                continue
         inputs = graph.inputs_of(producer.name)
         source = inputs[0] if inputs else None
         if source is None or not _plain(graph.type_of(source)):
@@ -100,11 +108,11 @@ def _projection(graph: Graph, split: Node) -> Projection | None:
     b = _weights(graph, operands[1])
     if b is None or b.ndim != 2 or (producer.op == "Gemm" and producer.attrs.get("transA", 0)):
         return None
-    has_bias = len(operands) > 2 and operands[2] is not None
-    c = _weights(graph, operands[2]) if has_bias else None
-    if has_bias and c is None:
+    bias = graph.inputs_of(bias_add.name)[1] if bias_add is not None else (operands[2] if len(operands) > 2 else None)
+    c = _weights(graph, bias)
+    if bias is not None and (c is None or c.ndim > out.rank):
         return None
-    return Projection(producer, b, c, chain, split_axis)
+    return Projection(producer, b, c, chain, split_axis, bias_add)
 
 
 def _piece(graph: Graph, found: Projection, start: int, size: int, k: int) -> Value:
@@ -114,14 +122,20 @@ def _piece(graph: Graph, found: Projection, start: int, size: int, k: int) -> Va
     transposed = anchor.op == "Gemm" and anchor.attrs.get("transB", 0)
     columns = found.weights[start:start + size] if transposed else found.weights[:, start:start + size]
     inputs = [operands[0], graph.add_constant(np.ascontiguousarray(columns), name=f"{operands[1].node}_{k}")]
+    bias = None
     if found.bias is not None:
         c = found.bias
         if c.ndim and c.shape[-1] == anchor.outputs[0].shape[-1]:
             c = np.ascontiguousarray(c[..., start:start + size])
-        inputs.append(graph.add_constant(c, name=f"{operands[2].node}_{k}"))
+        bias = graph.add_constant(c, name=f"{anchor.name}_bias_{k}")
     out = anchor.outputs[0]
-    value = Value(graph.add_node(anchor.op, inputs, [TensorType(out.shape[:-1] + (size,), out.dtype)], dict(anchor.attrs),
+    piece = TensorType(out.shape[:-1] + (size,), out.dtype)
+    gemm_bias = [bias] if bias is not None and found.bias_add is None else []
+    value = Value(graph.add_node(anchor.op, inputs + gemm_bias, [piece], dict(anchor.attrs),
                                  name=f"{anchor.name}_{k}", origin=anchor.origin).name)
+    if found.bias_add is not None:
+        add = found.bias_add
+        value = Value(graph.add_node("Add", [value, bias], [piece], name=f"{add.name}_{k}", origin=add.origin).name)
     for node, axis in found.chain:
         t = node.outputs[0]
         shape = t.shape[:axis] + (size,) + t.shape[axis + 1:]

@@ -1,26 +1,34 @@
-"""Reshapes composed, and merges of leading batch dims sunk below the ops that treat them as
-batch.
+"""Reshapes composed, and merges of leading dims sunk below the ops that treat them as batch
+or as rows.
 
 compose_reshapes: a Reshape of a Reshape reads the first one's input (a reshape depends only
 on the element order), and a Reshape to its input's own shape is its input.
 
 sink_batch_merges: attention written for `bmm` (transformers' XGLM, DPT's ViT) merges batch
-and heads, (B, H, T, D) -> (B*H, T, D), and splits them again after. On the layouts that
-write the heads in place ((B, T, H, D) buffers), that merge is a copy no encoding can view. A
-merge with one reader moves below it when the reader treats the merged dim as a batch:
+and heads, (B, H, T, D) -> (B*H, T, D), and splits them again after; a Linear layer traced
+by torch merges every leading dim into rows, (N, H, W, C) -> (N*H*W, C), runs `addmm` and
+splits them again. On the layouts that write the heads in place ((B, T, H, D) buffers), or
+that tile a map's channels ((N, C/16, H, W, 16) buffers), that merge is a copy no encoding
+can view. A merge of leading dims with one reader moves below it when the reader treats the
+merged dim as a batch or as rows:
 - a Transpose that keeps it first;
 - Softmax or LogSoftmax over a later axis;
 - an elementwise op whose other operands do not reach the merged dim (a scale, a bias);
-- a MatMul of two merges of equal leading dims (the batched product runs on both).
+- a MatMul of two merges of equal leading dims (the batched product runs on both);
+- a MatMul or a Gemm whose weight is a matrix (each row of the merge is multiplied alone).
+  A Gemm becomes that MatMul followed by the Add of its bias, as torch.onnx writes a Linear
+  layer of a map (only alpha = beta = 1, not transA, a bias that does not vary by row).
 The moved merge meets the reshape that splits it again and composes away, so the attention
-runs 4-D as BERT's does, and its head transposes fold into the layouts. Static, non-empty
-shapes and unencoded values only (layout/ owns encoded ones).
+runs 4-D as BERT's does and a Linear layer reads the map as it is, and the layouts fold.
+Static, non-empty shapes and unencoded values only (layout/ owns encoded ones).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from ..graph import Graph, Node
+from ..graph import DEQUANTIZED, Graph, Node
 from ..registry import get
 from ..types import TensorType, Value
 from .pipeline import Pass, PassResult
@@ -59,8 +67,9 @@ def _shape(graph: Graph, t: TensorType, node: Node) -> Value:
 
 
 def _merged(graph: Graph, value: Value | None) -> Value | None:
-    """The input of the Reshape producing `value` when it merges the input's two leading dims
-    (rank 3 or more, static, unencoded) and `value` has one reader; else None."""
+    """The input of the Reshape producing `value` when it merges two or more of the input's
+    leading dims into one and keeps the others (static, unencoded), and `value` has one
+    reader; else None."""
     if value is None or len(graph.users(value)) != 1:
         return None
     reshape = graph.node(value.node)
@@ -70,39 +79,79 @@ def _merged(graph: Graph, value: Value | None) -> Value | None:
     if x is None or not _static(graph.type_of(x)):
         return None
     s, out = graph.type_of(x).shape, reshape.outputs[0].shape
-    if len(s) < 3 or tuple(out) != (s[0] * s[1], *s[2:]):
+    j = len(s) - len(out) + 1  # the number of dims merged
+    if j < 2 or tuple(out) != (int(np.prod(s[:j])), *s[j:]):
         return None
     return x
 
 
-def _unmerged(node: Node, graph: Graph) -> tuple[list[Value | None], dict, TensorType] | None:
-    """How `node`, reading a merge at operand 0 (and MatMul at 1 too), runs on the unmerged
-    operands: its inputs, attributes and result type; None where it cannot."""
+@dataclass
+class _Plan:
+    """How a node reading a merge at operand 0 runs on the unmerged operands: `op` on
+    `inputs` with `attrs`, giving `result`, then `bias` added (a Gemm's C)."""
+
+    op: str
+    inputs: list[Value | None]
+    attrs: dict
+    result: TensorType
+    bias: Value | None = None
+
+
+def _unmerged(node: Node, graph: Graph) -> _Plan | None:
+    """The plan of `node` reading a merge at operand 0 (and MatMul at 1 too), or None where
+    it cannot run on the unmerged operands."""
     inputs = graph.inputs_of(node.name)
     x = _merged(graph, inputs[0]) if inputs else None  # an op run by onnx.reference may read nothing
     if x is None or len(node.outputs) != 1 or not _static(node.outputs[0]):
         return None
-    lead = graph.type_of(x).shape[:2]
     out = node.outputs[0]
     rank = out.rank
+    lead = graph.type_of(x).shape[:graph.type_of(x).rank - graph.type_of(inputs[0]).rank + 1]
+    extra = len(lead) - 1  # dims the merged one becomes beyond itself
     unmerged = TensorType((*lead, *out.shape[1:]), out.dtype)
     if node.op == "Transpose":
         perm = tuple(node.attrs.get("perm") or reversed(range(rank)))
         if perm[0] != 0:
             return None
-        return [x], {**node.attrs, "perm": (0, 1, *(p + 1 for p in perm[1:]))}, unmerged
+        perm = (*range(len(lead)), *(p + extra for p in perm[1:]))
+        return _Plan(node.op, [x], {**node.attrs, "perm": perm}, unmerged)
     if node.op in ("Softmax", "LogSoftmax"):
         axis = int(node.attrs.get("axis", -1)) % rank
-        return ([x], {**node.attrs, "axis": axis + 1}, unmerged) if axis else None
+        return _Plan(node.op, [x], {**node.attrs, "axis": axis + extra}, unmerged) if axis else None
     if node.op == "MatMul":
+        if graph.type_of(inputs[1]).rank == 2:
+            return _Plan(node.op, [x, inputs[1]], dict(node.attrs), unmerged)
         y = _merged(graph, inputs[1])
-        if y is None or graph.type_of(y).shape[:2] != lead or graph.type_of(y).rank != graph.type_of(x).rank:
+        if y is None or graph.type_of(y).shape[:len(lead)] != lead or graph.type_of(y).rank != graph.type_of(x).rank:
             return None
-        return [x, y], dict(node.attrs), unmerged
+        return _Plan(node.op, [x, y], dict(node.attrs), unmerged)
+    if node.op == "Gemm":
+        return _linear(graph, node, x, unmerged)
     opdef = get(node.op, node)
     if opdef.layout == "agnostic" and all(v is None or graph.type_of(v).rank < rank for v in inputs[1:]):
-        return [x, *inputs[1:]], dict(node.attrs), unmerged
+        return _Plan(node.op, [x, *inputs[1:]], dict(node.attrs), unmerged)
     return None
+
+
+def _linear(graph: Graph, gemm: Node, x: Value, unmerged: TensorType) -> _Plan | None:
+    """A Gemm of a merge as MatMul(x, B) + C, where that computes the same."""
+    a = gemm.attrs
+    inputs = graph.inputs_of(gemm.name)
+    bias = inputs[2] if len(inputs) > 2 else None
+    if a.get("transA", 0) or float(a.get("alpha", 1.0)) != 1.0:
+        return None
+    if bias is not None:
+        c = graph.type_of(bias)
+        if float(a.get("beta", 1.0)) != 1.0 or (c.rank == 2 and c.shape[0] != 1):
+            return None
+    weight = inputs[1]
+    if a.get("transB", 0):
+        if DEQUANTIZED in graph.node(weight.node).attrs:
+            return None  # a folded Transpose would forget the integers a writer stores
+        t = graph.type_of(weight)
+        weight = Value(graph.add_node("Transpose", [weight], [TensorType(t.shape[::-1], t.dtype)], {"perm": (1, 0)},
+                                      name=f"{gemm.name}_weight", origin=gemm.origin or gemm.name).name)
+    return _Plan("MatMul", [x, weight], {}, unmerged, bias)
 
 
 def _sink(graph: Graph) -> PassResult:
@@ -111,10 +160,14 @@ def _sink(graph: Graph) -> PassResult:
         plan = _unmerged(node, graph) if node.name in graph else None
         if plan is None:
             continue
-        inputs, attrs, unmerged = plan
-        inner = graph.add_node(node.op, inputs, [unmerged], attrs, name=node.name, origin=node.origin or node.name)
-        merge = graph.add_node("Reshape", [Value(inner.name), _shape(graph, node.outputs[0], node)],
-                               [node.outputs[0]], name=f"{node.name}_merged", origin=node.origin or node.name,
+        origin = node.origin or node.name
+        result = Value(graph.add_node(plan.op, plan.inputs, [plan.result], plan.attrs, name=node.name,
+                                      origin=origin).name)
+        if plan.bias is not None:
+            result = Value(graph.add_node("Add", [result, plan.bias], [plan.result], name=f"{node.name}_bias",
+                                          origin=origin).name)
+        merge = graph.add_node("Reshape", [result, _shape(graph, node.outputs[0], node)],
+                               [node.outputs[0]], name=f"{node.name}_merged", origin=origin,
                                out_names=node.out_names)
         graph.replace_all_uses(Value(node.name), Value(merge.name))
         graph.remove_node(node.name)

@@ -24,10 +24,14 @@ def modulation(head: str = "Gemm", permute: bool = True, weights_at_run_time: bo
         w = np.ascontiguousarray(w.T)
     elif head == "Gemm":
         linear = node("Gemm", ["x", "w", "b"], ["h"])
+    elif head == "MatMulAdd":  # torch.onnx's Linear layer
+        linear = [node("MatMul", ["x", "w"], ["hw"]), node("Add", ["hw", "b"], ["h"])]
+    elif head == "traced":  # torch's: the map's rows merged for a Gemm
+        linear = [node("Reshape", ["x", "rows"], ["xr"]), node("Gemm", ["xr", "w", "b"], ["h"])]
     else:
         linear = node("MatMul", ["x", "w"], ["h"])
     axis = 1 if permute else 3
-    nodes = [linear,
+    nodes = [*(linear if isinstance(linear, list) else [linear]),
              node("Reshape", ["h", "image"], ["m"]),
              *([node("Transpose", ["m"], ["t"], perm=[0, 3, 1, 2])] if permute else [node("Identity", ["m"], ["t"])]),
              node("Split", ["t", "sizes"], ["q", "ctx", "gates"], axis=axis)]
@@ -37,8 +41,10 @@ def modulation(head: str = "Gemm", permute: bool = True, weights_at_run_time: bo
         nodes += [node("Mul", ["q", "ctx"], ["y"])]
     weights = {"b": RNG.standard_normal(features).astype(np.float32),
                "image": np.array([1, SIDE, SIDE, features], np.int64), "sizes": np.array([C, C, 3], np.int64),
-               "wc": (RNG.standard_normal((C, C, 3, 3)) * 0.2).astype(np.float32)}
-    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [SIDE * SIDE, C])]
+               "wc": (RNG.standard_normal((C, C, 3, 3)) * 0.2).astype(np.float32),
+               "rows": np.array([SIDE * SIDE, C], np.int64)}
+    x_shape = [1, SIDE, SIDE, C] if head == "traced" else [SIDE * SIDE, C]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)]
     if weights_at_run_time:
         inputs.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, list(w.shape)))
     else:
@@ -58,13 +64,17 @@ def run_against_onnxruntime(model, feeds):
     return g
 
 
-@pytest.mark.parametrize("head", ["Gemm", "GemmT", "MatMul"])
-def test_a_split_of_permuted_features_becomes_one_linear_layer_per_piece(head):
+@pytest.mark.parametrize("head, anchor, biases", [
+    ("Gemm", "Gemm", 0), ("GemmT", "Gemm", 0), ("MatMul", "MatMul", 0), ("MatMulAdd", "MatMul", 3),
+    ("traced", "MatMul", 3),  # the Gemm of merged rows is a MatMul of the map and an Add first
+])
+def test_a_split_of_permuted_features_becomes_one_linear_layer_per_piece(head, anchor, biases):
     model, _ = modulation(head)
-    g = run_against_onnxruntime(model, {"x": RNG.standard_normal((SIDE * SIDE, C)).astype(np.float32)})
+    shape = (1, SIDE, SIDE, C) if head == "traced" else (SIDE * SIDE, C)
+    g = run_against_onnxruntime(model, {"x": RNG.standard_normal(shape).astype(np.float32)})
     counts = g.op_counts()
-    assert counts.get("Split", 0) == 0 and counts[head[:4] if head != "MatMul" else "MatMul"] == 3
-    widths = sorted(n.outputs[0].shape[-1] for n in g.nodes() if n.op in ("Gemm", "MatMul"))
+    assert counts.get("Split", 0) == 0 and counts[anchor] == 3 and counts.get("Add", 0) == biases
+    widths = sorted(n.outputs[0].shape[-1] for n in g.nodes() if n.op == anchor)
     assert widths == [3, C, C]
 
 

@@ -140,3 +140,97 @@ def test_empty_tensors_keep_their_reshapes():
     assert _ops(graph) == ["Reshape", "Reshape"]
     assert tilefold.compile(graph)({"x": np.zeros((0, 3, 4), np.float32)})["y"].shape == (3, 0, 4)
 
+
+
+def linear_layers_of_a_map(n=2, side=3, c=8, hidden=12, **gemm_attrs) -> onnx.ModelProto:
+    """Two Linear layers on a channels-last map, written as torch traces them: the map's
+    leading dims merged into rows, `addmm` (a Gemm; the first with torch's (out, in) weight,
+    transB), the rows split back into the map; a Relu between."""
+    node = helper.make_node
+    rows = n * side * side
+    nodes = [node("Reshape", ["x", "rows_c"], ["r"]),
+             node("Gemm", ["r", "w1", "b1"], ["h"], transB=1, **gemm_attrs),
+             node("Reshape", ["h", "map_h"], ["hm"]),
+             node("Relu", ["hm"], ["a"]),
+             node("Reshape", ["a", "rows_h"], ["ar"]),
+             node("Gemm", ["ar", "w2", "b2"], ["o"]),
+             node("Reshape", ["o", "map_c"], ["y"])]
+    f32 = TensorProto.FLOAT
+    inits = {"rows_c": _ints(rows, c), "map_h": _ints(n, side, side, hidden), "rows_h": _ints(rows, hidden),
+             "map_c": _ints(n, side, side, c),
+             "w1": RNG.standard_normal((hidden, c)).astype(np.float32),
+             "b1": RNG.standard_normal(hidden).astype(np.float32),
+             "w2": RNG.standard_normal((hidden, c)).astype(np.float32),
+             "b2": RNG.standard_normal((1, c)).astype(np.float32)}
+    return _model(nodes, [helper.make_tensor_value_info("x", f32, [n, side, side, c])],
+                  [helper.make_tensor_value_info("y", f32, [n, side, side, c])], inits)
+
+
+def _matches_onnxruntime(model: onnx.ModelProto, graph: Graph) -> None:
+    feeds = {i.name: RNG.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+             for i in model.graph.input}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = tilefold.compile(graph)(feeds)
+    for out, expected in zip(model.graph.output, want):
+        np.testing.assert_allclose(got[out.name], expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+
+
+def test_linear_layers_of_a_map_run_on_the_map():
+    """Each Gemm of merged rows becomes a MatMul of the map and the Add of its bias, as
+    torch.onnx writes a Linear layer: no Reshape is left, so a layout of the map (NCHWc16 on
+    the gpu target, whose (N*H*W, C) rows no matrix tiling reads) reaches the layers."""
+    model = linear_layers_of_a_map()
+    graph = tilefold.load(model)
+    assert _ops(graph) == ["MatMul", "Add", "Relu", "MatMul", "Add"]
+    assert all(n.outputs[0].shape == (2, 3, 3, n.outputs[0].shape[-1]) for n in graph.nodes()
+               if n.op in ("MatMul", "Add"))
+    _matches_onnxruntime(model, graph)
+
+
+@pytest.mark.parametrize("attrs", [{"alpha": 0.5}, {"beta": 2.0}])
+def test_a_scaled_gemm_of_merged_rows_stays(attrs):
+    """alpha or beta other than 1: the Gemm keeps its rows merged (a Linear layer has
+    neither)."""
+    model = linear_layers_of_a_map(**attrs)
+    graph = tilefold.load(model)
+    assert _ops(graph).count("Gemm") == 1 and _ops(graph).count("MatMul") == 1
+    _matches_onnxruntime(model, graph)
+
+
+def test_a_bias_that_varies_by_row_keeps_the_rows_merged():
+    node = helper.make_node
+    model = _model(
+        [node("Reshape", ["x", "rows"], ["r"]), node("Gemm", ["r", "w", "c"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [6, 5])],
+        {"rows": _ints(6, 4), "w": RNG.standard_normal((4, 5)).astype(np.float32),
+         "c": RNG.standard_normal((6, 5)).astype(np.float32)})
+    graph = tilefold.load(model)
+    assert _ops(graph) == ["Reshape", "Gemm"]
+    _matches_onnxruntime(model, graph)
+
+
+def test_a_matmul_of_merged_batch_dims_and_a_matrix_runs_unmerged():
+    """(B*H, T, D) against one (D, E) matrix, the matrix known only at run time: the product
+    runs on (B, H, T, D), the merge after it."""
+    node = helper.make_node
+    model = _model(
+        [node("Reshape", ["x", "merged"], ["m"]), node("MatMul", ["m", "w"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [B, H, T, D]),
+         helper.make_tensor_value_info("w", TensorProto.FLOAT, [D, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [B * H, T, 6])],
+        {"merged": _ints(B * H, T, D)})
+    graph = tilefold.load(model)
+    assert _ops(graph) == ["MatMul", "Reshape"]
+    assert graph.type_of(graph.inputs_of(next(n.name for n in graph.nodes() if n.op == "MatMul"))[0]).shape == (B, H, T, D)
+    _matches_onnxruntime(model, graph)
+
+
+def test_a_transposed_weight_known_only_at_run_time_is_transposed_at_run_time():
+    model = linear_layers_of_a_map()
+    (w1,) = [i for i in model.graph.initializer if i.name == "w1"]
+    model.graph.initializer.remove(w1)
+    model.graph.input.append(helper.make_tensor_value_info("w1", TensorProto.FLOAT, list(w1.dims)))
+    graph = tilefold.load(model)
+    assert _ops(graph) == ["Transpose", "MatMul", "Add", "Relu", "MatMul", "Add"]
+    _matches_onnxruntime(model, graph)

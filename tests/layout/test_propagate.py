@@ -204,15 +204,17 @@ def test_a_scalar_operand_needs_no_packing(target):
 def test_padding_a_computed_result_holds_is_unknown():
     # batch 8 under 16-row tiles: the matmul result is padded, and the bias add puts bias
     # values into the padding rows, so the next matmul must not read that buffer as
-    # zero-padded: it reads the unpacked value instead.
+    # zero-padded: it reads the unpacked value instead. (The first matmul's result has a
+    # second reader, so that it is not simply written unpacked, rule 2b.)
     w1 = RNG.standard_normal((32, 32)).astype(np.float32)
     w2 = RNG.standard_normal((32, 16)).astype(np.float32)
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "one"], ["a"]),
-         helper.make_node("MatMul", ["a", "w2"], ["y"])],
+         helper.make_node("MatMul", ["a", "w2"], ["y"]), helper.make_node("Relu", ["h"], ["r"])],
         "padded",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 32])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 16]),
+         helper.make_tensor_value_info("r", TensorProto.FLOAT, [8, 32])],
         [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"),
          numpy_helper.from_array(np.array(1.0, np.float32), "one")],
     )
@@ -223,7 +225,32 @@ def test_padding_a_computed_result_holds_is_unknown():
     second = [n for n in after.nodes() if n.op == "MatMul"][1]
     assert after.inputs_of(second.name)[0].node != add.name  # not the buffer with bias in its padding
     x = RNG.standard_normal((8, 32)).astype(np.float32)
-    np.testing.assert_allclose(tilefold.compile(after)({"x": x})["y"], tilefold.compile(g)({"x": x})["y"], rtol=1e-4, atol=1e-3)
+    got, want = tilefold.compile(after)({"x": x}), tilefold.compile(g)({"x": x})
+    for name in ("y", "r"):
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-3)
+
+
+def test_a_matmul_read_through_a_bias_add_and_unpacked_writes_its_result_unpacked():
+    """Rule 2b with nothing to cancel, through an elementwise op on a constant: the padded
+    tiles the first matmul would write are unpacked after the bias add for the second
+    matmul (batch 8 under 16-row tiles), so it writes the plain layout instead."""
+    w1 = RNG.standard_normal((32, 32)).astype(np.float32)
+    w2 = RNG.standard_normal((32, 16)).astype(np.float32)
+    b = RNG.standard_normal(32).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b"], ["a"]),
+         helper.make_node("MatMul", ["a", "w2"], ["y"])],
+        "padded",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 16])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(b, "b")],
+    )
+    g = tilefold.load(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]))
+    after = optimize(g, "gpu-padded", verify=True).after
+    assert runtime_layout_ops(after) == []
+    assert all(n.outputs[0].encoding is None for n in after.nodes() if n.op in ("MatMul", "Add"))
+    x = RNG.standard_normal((8, 32)).astype(np.float32)
+    np.testing.assert_allclose(tilefold.compile(after)({"x": x})["y"], (x @ w1 + b) @ w2, rtol=1e-4, atol=1e-4)
 
 
 def integer_convnet(channels=(3, 16, 16)) -> onnx.ModelProto:

@@ -410,19 +410,24 @@ def encoder(layers=2, seq=32, hidden=64, heads=4):
     return m
 
 
-def test_a_small_broadcast_mask_is_packed_once_and_residuals_share_the_layernorm_pack():
+def test_a_small_broadcast_mask_is_packed_once_and_the_residual_stream_stays_plain():
+    """Every layer's scores run on tiles, with the mask packed once for both layers; the
+    residual stream (LayerNorms, residual Adds) stays plain: each MatMul reads it plain and
+    the output projection writes it plain. Sharing the first LayerNorm's Pack (which the
+    MatMuls absorb) with the residual Add would run the stream on tiles from there to an
+    Unpack at the output: 3 layout ops, 20 KB, against this 1 op, 4 KB."""
     seq = 32
     mask = np.where(RNG.random((1, 1, seq, seq)) < 0.2, -1e4, 0).astype(np.float32)
     feeds = {"x0": RNG.standard_normal((1, seq, 64)).astype(np.float32), "mask": mask}
     after = check(encoder(seq=seq), feeds=feeds)
-    left = runtime_layout_ops(after)
-    packs_of = [after.node(after.inputs_of(n.split()[1])[0].node).op for n in left if n.startswith("Pack")]
-    assert packs_of.count("Input") == 1  # the mask, once for both layers
-    for op in ("Softmax", "LayerNormalization"):  # every layer's scores and residuals stay tiled
-        nodes = [n for n in after.nodes() if n.op == op]
-        assert nodes[-1].outputs[0].encoding is not None, op
-    adds = [n for n in after.nodes() if n.op == "Add"]
-    assert all(n.outputs[0].encoding is not None for n in adds)
+    from tilefold.layout.report import GraphLayout
+
+    assert len(GraphLayout.of(after).ops) == 1  # no Unpack at the output either
+    (left,) = runtime_layout_ops(after)
+    assert left.startswith("Pack") and after.node(after.inputs_of(left.split()[1])[0].node).op == "Input"
+    assert all(n.outputs[0].encoding is not None for n in after.nodes() if n.op == "Softmax")
+    residual = [n for n in after.nodes() if n.op in ("LayerNormalization", "Add") and n.outputs[0].shape == (1, seq, 64)]
+    assert len(residual) == 5 and all(n.outputs[0].encoding is None for n in residual)
 
 
 @pytest.mark.parametrize("target", ["cpu", "gpu"])
@@ -574,10 +579,10 @@ def normal(*shape, scale=1.0):
     return (RNG.standard_normal(shape) * scale).astype(np.float32)
 
 
-def convnext_layer(x: str, out: str, channels: int, size: int, p: str = "") -> tuple[list, dict]:
-    """ConvNeXt's block, shrunk, batch 1, reading the map `x`: a depthwise conv, permuted
-    channels-last, normalized over the channels, through two Linear layers (Gemms on the
-    (pixels, channels) view) and the layer scale, permuted back and added to `x` as `out`."""
+def convnext_layer(x: str, out: str, channels: int, size: int, p: str = "", batch: int = 1) -> tuple[list, dict]:
+    """ConvNeXt's block, shrunk, reading the map `x`: a depthwise conv, permuted channels-last,
+    normalized over the channels, through two Linear layers (Gemms on the (pixels, channels)
+    view, as torch traces them) and the layer scale, permuted back and added to `x` as `out`."""
     node = helper.make_node
     nodes = [
         node("Conv", [x, p + "wd"], [p + "d"], pads=[1, 1, 1, 1], group=channels),
@@ -595,7 +600,8 @@ def convnext_layer(x: str, out: str, channels: int, size: int, p: str = "") -> t
     c, hidden = channels, 2 * channels
     weights = {"wd": conv_weights(c, 1), "g": normal(c), "beta": normal(c), "w1": normal(c, hidden, scale=0.3),
                "b1": normal(hidden), "w2": normal(hidden, c, scale=0.3), "b2": normal(c), "scale": normal(c),
-               "rows": np.array([size * size, c], np.int64), "image": np.array([1, size, size, c], np.int64)}
+               "rows": np.array([batch * size * size, c], np.int64),
+               "image": np.array([batch, size, size, c], np.int64)}
     return nodes, {p + k: v for k, v in weights.items()}
 
 
@@ -608,14 +614,14 @@ def convnext_block() -> onnx.ModelProto:
     return model(nodes, [("x", [1, 3, 16, 16])], ["y"], weights)
 
 
-def convnext_stages(channels=(32, 48, 64), size=32) -> onnx.ModelProto:
+def convnext_stages(channels=(32, 48, 64), size=32, batch=1) -> onnx.ModelProto:
     """ConvNeXt's stages: a stem conv, then per stage one block (`convnext_layer`), each
     stage but the first downsampled first: the map permuted channels-last, normalized over
     the channels, permuted back, and a 2x2 stride-2 conv."""
     node = helper.make_node
     nodes = [node("Conv", ["x", "stem"], ["s0"], pads=[1, 1, 1, 1])]
     weights = {"stem": conv_weights(channels[0], 3)}
-    image = [1, 3, size, size]
+    image = [batch, 3, size, size]
     for i, c in enumerate(channels):
         p, x = f"s{i}_", f"s{i}"
         if i:
@@ -626,33 +632,36 @@ def convnext_stages(channels=(32, 48, 64), size=32) -> onnx.ModelProto:
             weights |= {p + "dg": normal(channels[i - 1]), p + "db": normal(channels[i - 1]),
                         p + "down": conv_weights(c, channels[i - 1], 2)}
             size //= 2
-        block, block_weights = convnext_layer(x, f"y{i}", c, size, p)
+        block, block_weights = convnext_layer(x, f"y{i}", c, size, p, batch)
         nodes += block
         weights |= block_weights
     return model(nodes, [("x", image)], [f"y{len(channels) - 1}"], weights)
 
 
-def test_linear_layers_as_gemms_read_a_channel_tiled_map_as_their_tiles():
-    """On the gpu target a Gemm is an anchor like MatMul (transformers' Linear arrives as one
-    through torch.compile). The LayerNorm's NCHWc16 buffer, viewed as (pixels, channels), is
-    (C/16, pixels, 16): tiles of 16 channels, which the Triton kernel reads by strides as its
-    k blocks, so no Unpack is left in front of either Gemm."""
+def test_linear_layers_read_a_channel_tiled_map_as_their_tiles():
+    """The block's Linear layers, written as torch traces them (the map's leading dims merged
+    into rows for a Gemm), run as MatMuls on the map itself after `load` (graph/'s
+    sink_batch_merges). The LayerNorm's NCHWc16 buffer, read as the channels-last map, is
+    (N, C/16, H, W, 16): tiles of 16 channels, which the Triton kernel reads by strides as its
+    k blocks, so no Unpack is left in front of either layer."""
     after = check(convnext_block(), shape=(1, 3, 16, 16))
-    gemms = [n for n in after.nodes() if n.op == "Gemm"]
-    assert len(gemms) == 2
-    for gemm in gemms:
-        assert after.node(after.inputs_of(gemm.name)[0].node).op != "Unpack"
-    first = after.type_of(after.inputs_of(gemms[0].name)[0]).encoding
-    assert first.inner_tiles == (16,) and first.outer_perm(2) == (1, 0)  # (C/16, pixels, 16)
+    linears = [n for n in after.nodes() if n.op == "MatMul"]
+    assert len(linears) == 2 and not any(n.op == "Gemm" for n in after.nodes())
+    for linear in linears:
+        assert after.node(after.inputs_of(linear.name)[0].node).op != "Unpack"
+    first = after.type_of(after.inputs_of(linears[0].name)[0])
+    assert first.shape == (1, 16, 16, 32)
+    assert first.encoding.inner_tiles == (16,) and first.encoding.outer_perm(4) == (0, 3, 1, 2)
 
 
 @pytest.mark.parametrize("through_elementwise", [True, False])
 def test_a_residual_add_makes_the_linear_layer_write_the_channel_tiles_it_adds(monkeypatch, through_elementwise):
     """The block's residual Add reads the map in NCHWc16 and the second Linear layer's result
-    through the layer scale (a Mul by a constant) and the permute back to NCHW. That Gemm
-    writes its (pixels, channels) result as (C/16, pixels, 16), the layer scale packed to
-    match at compile time, so the Add runs on both tiled buffers and nothing but the output
-    is unpacked. Rewriting the writer only through views, the Add's operands stay unpacked."""
+    through its bias, the layer scale (Adds and Muls of constants) and the permute back to
+    NCHW. That layer writes its channels-last result as (N, C/16, H, W, 16), the bias and
+    scale packed to match at compile time, so the Add runs on both tiled buffers and nothing
+    but the output is unpacked. Rewriting the writer only through views, the Add's operands
+    stay unpacked."""
     from tilefold.layout import propagate as rules
     from tilefold.layout.report import GraphLayout
 
@@ -660,26 +669,44 @@ def test_a_residual_add_makes_the_linear_layer_write_the_channel_tiles_it_adds(m
         monkeypatch.setattr(rules, "_elementwise_back", lambda *args: (None, 0))
     after = check(convnext_block(), shape=(1, 3, 16, 16))
     left = [op.node for op in GraphLayout.of(after).ops]
-    (add,) = [n for n in after.nodes() if n.op == "Add"]
+    (add,) = [n for n in after.nodes() if n.op == "Add" and n.outputs[0].shape == (1, 32, 16, 16)]
     if through_elementwise:
         assert runtime_layout_ops(after) == [] and len(left) == 1  # the output's Unpack
         assert add.outputs[0].encoding == PackedEncoding((1,), (16,))
-        (last,) = [n for n in after.nodes() if n.op == "Gemm" and n.outputs[0].shape == (256, 32)]
-        assert last.outputs[0].encoding.outer_perm(2) == (1, 0) and last.outputs[0].encoding.inner_tiles == (16,)
+        (last,) = [n for n in after.nodes() if n.op == "MatMul" and n.outputs[0].shape == (1, 16, 16, 32)]
+        enc = last.outputs[0].encoding
+        assert enc.outer_perm(4) == (0, 3, 1, 2) and enc.inner_tiles == (16,)
     else:
         assert len(left) > 1 and add.outputs[0].encoding is None
 
 
-def test_convnext_stages_run_on_tiles_from_the_stem_to_the_output():
+@pytest.mark.parametrize("batch", [1, 2])
+def test_convnext_stages_run_on_tiles_from_the_stem_to_the_output(batch):
     """Each stage's residual Add runs on channel tiles, and the downsampling LayerNorm reads
-    them through its permute, which relabels the tiled buffer. This needs rule 6 to wait:
-    a permute relabeled while the Add's result was still unpacked would keep that plain
-    layout and leave an Unpack in front of it. And the Add's Linear layer writes its tiles
-    through the Unpack its own result still had (`rewrite_writer` steps through it)."""
-    after = check(convnext_stages(), shape=(1, 3, 32, 32))
+    them through its permute, which relabels the tiled buffer; the Add's Linear layer
+    writes its tiles through the Unpack its own result still had (`rewrite_writer` steps
+    through it). At batch 2 too: the Linear layers run on the map, not on its (N*H*W, C)
+    rows, which no tiling of a matrix could read from (N, C/16, H, W, 16)."""
+    after = check(convnext_stages(batch=batch), shape=(batch, 3, 32, 32))
     assert runtime_layout_ops(after) == []
-    adds = [n for n in after.nodes() if n.op == "Add"]
+    adds = [n for n in after.nodes() if n.op == "Add"
+            and not any(after.node(v.node).op == "Constant" for v in after.inputs_of(n.name))]  # not biases
     assert len(adds) == 3 and all(n.outputs[0].encoding == PackedEncoding((1,), (16,)) for n in adds)
+
+
+def test_a_residual_of_a_linear_layers_own_input_stays_unpacked():
+    """A residual Add of a Linear layer's result and that layer's input (BERT's block): the
+    Pack in front of the layer is absorbed in the end (the kernel reads the plain operand),
+    so it is not a Pack already paid for that the Add could share. The layer writes its
+    result plain instead, and nothing is copied; sharing it, the residual stream would run
+    on tiles from that Pack to an Unpack at the output."""
+    nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["n"], axis=-1),
+             helper.make_node("MatMul", ["n", "w"], ["h"]),
+             helper.make_node("Add", ["h", "n"], ["y"])]
+    weights = {"g": normal(64), "b": normal(64), "w": normal(64, 64, scale=0.2)}
+    after = check(model(nodes, [("x", [1, 32, 64])], ["y"], weights), shape=(1, 32, 64))
+    assert runtime_layout_ops(after) == []
+    assert all(n.outputs[0].encoding is None for n in after.nodes() if n.op in ("MatMul", "Add"))
 
 
 @pytest.mark.parametrize("enc, readable", [
@@ -740,7 +767,7 @@ def test_focalnet_modulation_runs_on_channel_tiles(channels):
     shape = (1, side, side, 16)
     after = check(model(nodes, [("x", list(shape))], ["y", "gates"], weights), shape=shape)
     assert runtime_layout_ops(after) == []
-    assert sum(n.op == "Gemm" for n in after.nodes()) == 3
+    assert sum(n.op == "MatMul" for n in after.nodes()) == 3  # the Linear layer, on the map, per piece
 
 
 def tokens_to_map(tokens=16, side=4, channels=32):
@@ -781,16 +808,35 @@ def scaled_keys():
     return model(nodes, [("q", [1, 4, 16, 16]), ("k", [4, 16, 16])], ["y"], weights)
 
 
+def tokens_and_upsampled_map(side=16, c=16):
+    """GLPN's decoder fusion: a stage's normalized tokens viewed as a channels-last map and
+    permuted to NCHW, concatenated on channels with a conv's upsampled map, then a conv."""
+    node = helper.make_node
+    nodes = [node("LayerNormalization", ["x", "g", "b"], ["n"], axis=-1),
+             node("Reshape", ["n", "image"], ["m"]),
+             node("Transpose", ["m"], ["t"], perm=[0, 3, 1, 2]),
+             node("Conv", ["z", "w0"], ["a"], pads=[1, 1, 1, 1]),
+             node("Resize", ["a", "", "scales"], ["u"], mode="linear"),
+             node("Concat", ["t", "u"], ["cat"], axis=1),
+             node("Conv", ["cat", "w1"], ["y"], pads=[1, 1, 1, 1])]
+    weights = {"g": normal(c), "b": normal(c), "image": np.array([1, side, side, c], np.int64),
+               "w0": conv_weights(c, 3), "scales": np.array([1, 1, 2, 2], np.float32),
+               "w1": conv_weights(16, 2 * c)}
+    return model(nodes, [("x", [1, side * side, c]), ("z", [1, 3, side // 2, side // 2])], ["y"], weights)
+
+
 @pytest.mark.parametrize("build, feeds, late_wins", [
-    (convnext_stages, {"x": (1, 3, 32, 32)}, True),
+    (tokens_and_upsampled_map, {"x": (1, 256, 16), "z": (1, 3, 8, 8)}, True),
     (scaled_keys, {"q": (1, 4, 16, 16), "k": (4, 16, 16)}, False),
 ])
 def test_the_order_of_relabeling_transposes_is_tried_both_ways(build, feeds, late_wins):
-    """Relabeling a Transpose of a plain value late (once nothing else moves) lets ConvNeXt's
-    residual Add take tiles before the permute after it is relabeled; early, the permute of
-    the keys is relabeled before the scale takes the MatMul's tiles, and the permuted keys
-    flow into the MatMul. Each order leaves a copy in the other's model; `optimize` tries
-    both and keeps the cheaper."""
+    """Relabeling a Transpose of a plain value late (once nothing else moves) lets the
+    Concat take the upsampled map's channel tiles, which the permuted tokens' 16 channels
+    fill in place; early, the permute keeps the tokens' channels-last layout, the Concat
+    takes it, and its 32 channels are copied into the conv's tiles. And early, the permute
+    of the keys is relabeled before the scale takes the MatMul's tiles, and the permuted
+    keys flow into the MatMul. Each order leaves a copy in the other's model; `optimize`
+    tries both and keeps the cheaper."""
     from tilefold.layout.materialize import materialize
 
     proto = build()

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..registry import KernelSpec, Run, packed_kernel
 from .common import check_dtypes, dense
-from .linalg import blasable
+from .linalg import blasable, stacked_rows
 
 _FLOATS = (np.float32, np.float64)
 
@@ -49,7 +49,16 @@ def permuted_product(perm: tuple[int, ...], physical: tuple[int, ...],
         buffer = np.empty(physical, dtype)
         view = buffer.transpose(inverse)
         if order == "rows":
-            np.matmul(blasable(a), blasable(b), out=view)
+            a, b = blasable(a), blasable(b)
+            rows = stacked_rows(a, b)
+            try:  # one GEMM into the result's rows, where they are one block of its buffer
+                out = None if rows is None else np.reshape(view, (-1, view.shape[-1]), copy=False)
+            except ValueError:
+                out = None
+            if out is not None:
+                np.matmul(rows, b, out=out)
+            else:
+                np.matmul(a, b, out=view)
         else:
             np.matmul(blasable(np.swapaxes(b, -1, -2)), blasable(np.swapaxes(a, -1, -2)),
                       out=np.swapaxes(view, -1, -2))

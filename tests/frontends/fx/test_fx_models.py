@@ -59,7 +59,7 @@ def test_transformers_model_runs_wholly_on_tilefold_as_eager_with_no_runtime_lay
 @pytest.mark.parametrize("build, left", [(_bert, 1), (_gpt2, 0), (_vit, 1)], ids=["bert-base", "gpt2", "vit-base"])
 def test_transformers_model_on_the_gpu_target_moves_no_data_inside_its_layers(build, left):
     """16x16 tiles where they divide: BERT's mask is packed once for all layers; ViT's 197
-    tokens stay untiled (its hidden dim in tiles of 16, which its Linear layers, Gemms, read),
+    tokens stay untiled (its hidden dim in tiles of 16, which its Linear layers read),
     and what its patch embedding (NCHWc16 conv) writes is unpacked once, before the first
     layer. (73, 72 and 98 were left before the gpu target stopped tiling dims the tile does
     not divide and matmuls learned to write the attention context in the layout its head merge
