@@ -18,6 +18,9 @@ merged dim as a batch or as rows:
 - a MatMul or a Gemm whose weight is a matrix (each row of the merge is multiplied alone).
   A Gemm becomes that MatMul followed by the Add of its bias, as torch.onnx writes a Linear
   layer of a map (only alpha = beta = 1, not transA, a bias that does not vary by row).
+  A merge that also reshapes the other dims into the matrix's columns (an attention's heads
+  merged for its output projection, (B, T, H, D) -> (B*T, H*D)) is split in two: the
+  columns reshaped alone ((B, T, H*D)), the rows merge sunk.
 The moved merge meets the reshape that splits it again and composes away, so the attention
 runs 4-D as BERT's does and a Linear layer reads the map as it is, and the layouts fold.
 Static, non-empty shapes and unencoded values only (layout/ owns encoded ones).
@@ -66,10 +69,12 @@ def _shape(graph: Graph, t: TensorType, node: Node) -> Value:
     return graph.add_constant(np.array(t.shape, np.int64), name=f"{node.name}_shape")
 
 
-def _merged(graph: Graph, value: Value | None) -> Value | None:
-    """The input of the Reshape producing `value` when it merges two or more of the input's
-    leading dims into one and keeps the others (static, unencoded), and `value` has one
-    reader; else None."""
+def _merged(graph: Graph, value: Value | None, rows: bool = False) -> tuple[Value, tuple[int, ...]] | None:
+    """The input of the Reshape producing `value` and the leading dims of it the Reshape
+    merges (two or more) into its first dim, keeping the others (static, unencoded), when
+    `value` has one reader; else None. With `rows`, a merge into a matrix may also reshape
+    the other dims into its columns (the heads of an attention merged for its output
+    projection: (B, T, H, D) -> (B*T, H*D))."""
     if value is None or len(graph.users(value)) != 1:
         return None
     reshape = graph.node(value.node)
@@ -80,33 +85,41 @@ def _merged(graph: Graph, value: Value | None) -> Value | None:
         return None
     s, out = graph.type_of(x).shape, reshape.outputs[0].shape
     j = len(s) - len(out) + 1  # the number of dims merged
-    if j < 2 or tuple(out) != (int(np.prod(s[:j])), *s[j:]):
-        return None
-    return x
+    if j >= 2 and tuple(out) == (int(np.prod(s[:j])), *s[j:]):
+        return x, tuple(s[:j])
+    if rows and len(out) == 2:
+        j = next((j for j in range(len(s) - 1, 1, -1) if int(np.prod(s[:j])) == out[0]), 0)
+        return (x, tuple(s[:j])) if j else None
+    return None
 
 
 @dataclass
 class _Plan:
     """How a node reading a merge at operand 0 runs on the unmerged operands: `op` on
-    `inputs` with `attrs`, giving `result`, then `bias` added (a Gemm's C)."""
+    `inputs` (the first viewed as `view` first, where given) with `attrs`, giving `result`,
+    then `bias` added (a Gemm's C)."""
 
     op: str
     inputs: list[Value | None]
     attrs: dict
     result: TensorType
     bias: Value | None = None
+    view: tuple[int, ...] | None = None
 
 
 def _unmerged(node: Node, graph: Graph) -> _Plan | None:
     """The plan of `node` reading a merge at operand 0 (and MatMul at 1 too), or None where
     it cannot run on the unmerged operands."""
     inputs = graph.inputs_of(node.name)
-    x = _merged(graph, inputs[0]) if inputs else None  # an op run by onnx.reference may read nothing
-    if x is None or len(node.outputs) != 1 or not _static(node.outputs[0]):
+    if not inputs or len(node.outputs) != 1 or not _static(node.outputs[0]):
+        return None  # (an op run by onnx.reference may read nothing)
+    matrix = len(inputs) > 1 and inputs[1] is not None and graph.type_of(inputs[1]).rank == 2
+    found = _merged(graph, inputs[0], rows=node.op in ("MatMul", "Gemm") and matrix)
+    if found is None:
         return None
+    x, lead = found
     out = node.outputs[0]
     rank = out.rank
-    lead = graph.type_of(x).shape[:graph.type_of(x).rank - graph.type_of(inputs[0]).rank + 1]
     extra = len(lead) - 1  # dims the merged one becomes beyond itself
     unmerged = TensorType((*lead, *out.shape[1:]), out.dtype)
     if node.op == "Transpose":
@@ -118,15 +131,20 @@ def _unmerged(node: Node, graph: Graph) -> _Plan | None:
     if node.op in ("Softmax", "LogSoftmax"):
         axis = int(node.attrs.get("axis", -1)) % rank
         return _Plan(node.op, [x], {**node.attrs, "axis": axis + extra}, unmerged) if axis else None
+    merged = graph.type_of(inputs[0]).shape
+    view = None if graph.type_of(x).shape[len(lead):] == merged[1:] else (*lead, *merged[1:])
     if node.op == "MatMul":
-        if graph.type_of(inputs[1]).rank == 2:
-            return _Plan(node.op, [x, inputs[1]], dict(node.attrs), unmerged)
-        y = _merged(graph, inputs[1])
-        if y is None or graph.type_of(y).shape[:len(lead)] != lead or graph.type_of(y).rank != graph.type_of(x).rank:
+        if matrix:
+            return _Plan(node.op, [x, inputs[1]], dict(node.attrs), unmerged, view=view)
+        other = _merged(graph, inputs[1])
+        if other is None or other[1] != lead or graph.type_of(other[0]).rank != graph.type_of(x).rank:
             return None
-        return _Plan(node.op, [x, y], dict(node.attrs), unmerged)
+        return _Plan(node.op, [x, other[0]], dict(node.attrs), unmerged)
     if node.op == "Gemm":
-        return _linear(graph, node, x, unmerged)
+        plan = _linear(graph, node, x, unmerged)
+        if plan is not None:
+            plan.view = view
+        return plan
     opdef = get(node.op, node)
     if opdef.layout == "agnostic" and all(v is None or graph.type_of(v).rank < rank for v in inputs[1:]):
         return _Plan(node.op, [x, *inputs[1:]], dict(node.attrs), unmerged)
@@ -161,6 +179,11 @@ def _sink(graph: Graph) -> PassResult:
         if plan is None:
             continue
         origin = node.origin or node.name
+        if plan.view is not None:
+            x = plan.inputs[0]
+            t = TensorType(plan.view, graph.type_of(x).dtype)
+            plan.inputs[0] = Value(graph.add_node("Reshape", [x, _shape(graph, t, node)], [t], name=f"{node.name}_rows",
+                                                  origin=origin).name)
         result = Value(graph.add_node(plan.op, plan.inputs, [plan.result], plan.attrs, name=node.name,
                                       origin=origin).name)
         if plan.bias is not None:

@@ -234,3 +234,22 @@ def test_a_transposed_weight_known_only_at_run_time_is_transposed_at_run_time():
     graph = tilefold.load(model)
     assert _ops(graph) == ["Transpose", "MatMul", "Add", "Relu", "MatMul", "Add"]
     _matches_onnxruntime(model, graph)
+
+
+def test_an_output_projection_of_merged_heads_and_rows_runs_on_the_batch():
+    """torch's attention output projection: the context (B, T, H, D) merged into (B*T, H*D)
+    rows for `addmm`, split back after. The heads are merged alone, (B, T, H*D), and the
+    Linear layer runs on that batch of matrices: no value holds B*T rows."""
+    node = helper.make_node
+    model = _model(
+        [node("Reshape", ["ctx", "rows"], ["r"]),
+         node("Gemm", ["r", "w", "b"], ["o"], transB=1),
+         node("Reshape", ["o", "tokens"], ["y"])],
+        [helper.make_tensor_value_info("ctx", TensorProto.FLOAT, [B, T, H, D])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [B, T, 7])],
+        {"rows": _ints(B * T, H * D), "tokens": _ints(B, T, 7),
+         "w": RNG.standard_normal((7, H * D)).astype(np.float32), "b": RNG.standard_normal(7).astype(np.float32)})
+    graph = tilefold.load(model)
+    assert _ops(graph) == ["Reshape", "MatMul", "Add"]
+    assert [n.outputs[0].shape for n in graph.nodes() if n.op in ("Reshape", "MatMul")] == [(B, T, H * D), (B, T, 7)]
+    _matches_onnxruntime(model, graph)
