@@ -32,6 +32,25 @@ def test_matmul_on_a_transposed_input_and_on_integers(check, rng):
           rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("rows", [7, 64])
+def test_a_stack_of_strided_matrices_meeting_one_matrix(rng, rows):
+    """Swin's windows: (1, 2, 2, 3, 7, C) read from a (1, 2, 3, 2, 7, C) map. Small
+    matrices are copied into one block of rows for one GEMM, larger ones run batched; both
+    give numpy's product, and so does the packed kernel writing into a permuted result."""
+    from tilefold.backends.numpy.kernels.linalg import matmul, stacked_rows
+    from tilefold.backends.numpy.kernels.packed_linalg import permuted_product
+
+    a = rng.standard_normal((1, 2, 3, 2, rows, 24)).astype(np.float32).transpose(0, 1, 3, 2, 4, 5)
+    b = rng.standard_normal((24, 5)).astype(np.float32)
+    want = np.einsum("...k,kn->...n", a.astype(np.float64), b.astype(np.float64))
+    assert (stacked_rows(a, b) is not None) == (a.shape[-2] < 64)
+    np.testing.assert_allclose(matmul(a, b), want, rtol=1e-5, atol=1e-5)
+    for perm in ((0, 1, 2, 3, 4, 5), (0, 1, 3, 2, 4, 5)):
+        physical = tuple(want.shape[p] for p in perm)
+        _, view = permuted_product(perm, physical, np.dtype(np.float32))(a, b)
+        np.testing.assert_allclose(view, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("trans_a, trans_b", [(0, 0), (1, 0), (0, 1), (1, 1)])
 @pytest.mark.parametrize("c_shape", [None, (), (7,), (5, 1), (5, 7)])
 @pytest.mark.parametrize("consts", [(), (1, 2)])

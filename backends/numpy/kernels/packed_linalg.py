@@ -50,12 +50,12 @@ def permuted_product(perm: tuple[int, ...], physical: tuple[int, ...],
         view = buffer.transpose(inverse)
         if order == "rows":
             a, b = blasable(a), blasable(b)
-            rows = stacked_rows(a, b)
             try:  # one GEMM into the result's rows, where they are one block of its buffer
-                out = None if rows is None else np.reshape(view, (-1, view.shape[-1]), copy=False)
+                out = np.reshape(view, (-1, view.shape[-1]), copy=False)
             except ValueError:
                 out = None
-            if out is not None:
+            rows = stacked_rows(a, b) if out is not None else None
+            if rows is not None:
                 np.matmul(rows, b, out=out)
             else:
                 np.matmul(a, b, out=view)
