@@ -239,15 +239,9 @@ def _packed_constant(graph: Graph, const: Node, enc: PackedEncoding, shape: tupl
 
 
 def _rewrite(graph: Graph, node: Node, mapping: Mapping, sources: list[Value | None]) -> None:
-    """Make `node` read `sources` and write `mapping.results`; Unpack its packed results. An
-    Unpack it no longer reads goes when nothing else does (a packed value read by one node
-    is what rule 2b looks for)."""
-    before = graph.inputs_of(node.name)
+    """Make `node` read `sources` and write `mapping.results`; Unpack its packed results."""
     for slot, value in enumerate(sources):
-        graph.set_input(node.name, slot, value)
-    for value in before:
-        if value is not None and value.node in graph and graph.node(value.node).op == UNPACK and not graph.users(value):
-            graph.remove_node(value.node)
+        _read(graph, node, slot, value)
     for k, enc in enumerate(mapping.results):
         logical = node.outputs[k]
         if enc is None:
@@ -259,6 +253,15 @@ def _rewrite(graph: Graph, node: Node, mapping: Mapping, sources: list[Value | N
             continue
         unpack_node = graph.add_node(UNPACK, [out], [logical], name=f"unpack_{node.name}", origin=node.origin)
         graph.replace_all_uses(out, Value(unpack_node.name), exclude={unpack_node.name})
+
+
+def _read(graph: Graph, node: Node, slot: int, value: Value | None) -> None:
+    """`node` reads `value` at `slot`; the Unpack it read before goes when nothing else reads
+    it (a packed value read by one node is what rule 2b looks for)."""
+    before = graph.inputs_of(node.name)[slot]
+    graph.set_input(node.name, slot, value)
+    if before is not None and before != value and graph.node(before.node).op == UNPACK and not graph.users(before):
+        graph.remove_node(before.node)
 
 
 def _sources_for(graph: Graph, node: Node, mapping: Mapping, budget: int = 0,
@@ -364,7 +367,7 @@ def anchor_reads(graph: Graph, node: Node, target: Target) -> bool:
             value = graph.inputs_of(producer.name)[0]
         packed = _unpacked(graph, value)
         if packed is not None and target.reads(node, slot, graph.type_of(packed)):
-            graph.set_input(node.name, slot, packed)
+            _read(graph, node, slot, packed)
             changed = True
     return changed
 

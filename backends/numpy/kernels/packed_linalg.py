@@ -35,6 +35,14 @@ def _matrix_order(view: np.ndarray) -> str | None:
     return None
 
 
+def _rows_of(view: np.ndarray) -> np.ndarray | None:
+    """`view`'s matrices as one block of rows of its buffer, or None where they are not."""
+    try:
+        return np.reshape(view, (-1, view.shape[-1]), copy=False)
+    except ValueError:
+        return None
+
+
 def permuted_product(perm: tuple[int, ...], physical: tuple[int, ...],
                      dtype: np.dtype) -> Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]] | None:
     """`fn(a, b) -> (buffer, view)`: a @ b written into a fresh buffer whose axes are the
@@ -50,10 +58,7 @@ def permuted_product(perm: tuple[int, ...], physical: tuple[int, ...],
         view = buffer.transpose(inverse)
         if order == "rows":
             a, b = blasable(a), blasable(b)
-            try:  # one GEMM into the result's rows, where they are one block of its buffer
-                out = np.reshape(view, (-1, view.shape[-1]), copy=False)
-            except ValueError:
-                out = None
+            out = _rows_of(view) if b.ndim == 2 and a.ndim > 2 else None
             rows = stacked_rows(a, b) if out is not None else None
             if rows is not None:
                 np.matmul(rows, b, out=out)
