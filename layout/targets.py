@@ -138,12 +138,12 @@ _MATMULS = frozenset({"MatMul", "Gemm"})
 class GpuTarget(Target):
     """Tiles matching the Triton kernels' blocks: NCHWc16 convolution with weights tiled on
     F and C, and mmt4d-style 2-D tiles for the operands of MatMul and Gemm (torch's Linear
-    arrives as a Gemm) whose matrix dims the tile divides (BLOCK 16 here; the Triton backend
-    reads these tiles as its block sizes). A kernel loads a row-major operand 0 with strides
+    of a matrix arrives as a Gemm) whose matrix dims the tile divides (BLOCK 16 here; the
+    Triton backend reads these tiles as its block sizes). A kernel loads a row-major operand 0 with strides
     as cheaply as a tiled one, so a Pack left in front of an anchor is absorbed. The Triton
     matmul addresses 16x16 blocks by strides, so it reads and writes unpadded blocks in any
     outer order and tiles in either order (attention heads, a transposed K), 16-wide tiles of
-    one matrix dim (a channel-tiled map viewed as (pixels, channels) is (C/16, pixels, 16):
+    one matrix dim (a channel-tiled map read as (N, H, W, C) is (N, C/16, H, W, 16):
     ConvNeXt's Linear layers read their LayerNorm's NCHWc16 buffer), and row- or
     column-contiguous matrices (untiled head views), with no copy."""
 
