@@ -94,28 +94,45 @@ def _row(name: str, ours: float, peer: float, peer_name: str) -> None:
     print(f"{name:<58} tilefold {ours * 1e3:9.3f} ms   {peer_name} {peer * 1e3:9.3f} ms   ratio {peer / ours:5.2f}x")
 
 
-def bench_templates(repeat: int, tf32: bool, device: str = "cuda") -> None:
+def _guarded(name: str, case: Callable[[], None], failures: list[str]) -> None:
+    """Run one benchmark case; a case that raises is printed as one FAILED line and counted, so
+    that one broken template does not hide the rest of a run on a lent GPU."""
+    try:
+        case()
+    except Exception as error:  # noqa: BLE001 - reported, and main() exits non-zero
+        failures.append(name)
+        first = str(error).strip().splitlines()
+        print(f"FAILED {name}: {type(error).__name__}: {first[0] if first else ''}", flush=True)
+
+
+def bench_templates(repeat: int, tf32: bool, device: str = "cuda") -> list[str]:
+    """Prints one row per template and shape; returns the cases that failed."""
     import torch
 
     rng = np.random.default_rng(0)
     dev = torch.device("cpu" if device == "interp" else device)
     smoke = device == "interp"
+    failures: list[str] = []
     print("== templates (ratio = peer time / tilefold time) ==")
-    for m, k, n in SMOKE["matmul"] if smoke else MATMUL_SHAPES:
+
+    def matmul(m: int, k: int, n: int) -> None:
         a = rng.standard_normal((m, k)).astype(np.float32)
         w = rng.standard_normal((k, n)).astype(np.float32)
         a_dev = torch.from_numpy(a).to(dev)
         w_dev = torch.from_numpy(w).to(dev)
         peer = _time(lambda: torch.matmul(a_dev, w_dev), repeat)
         variants = {
-            "packed 16x16 weight": _one_node("MatMul", [("a", a, False), ("w", w, True)], {}, "gpu"),
-            "row-major (K, N) weight": _one_node("MatMul", [("a", a, False), ("w", w, True)], {}, None),
-            "row-major transposed (N, K) weight": _one_node(
+            "packed 16x16 weight": lambda: _one_node("MatMul", [("a", a, False), ("w", w, True)], {}, "gpu"),
+            "row-major (K, N) weight": lambda: _one_node("MatMul", [("a", a, False), ("w", w, True)], {}, None),
+            "row-major transposed (N, K) weight": lambda: _one_node(
                 "Gemm", [("a", a, False), ("w", np.ascontiguousarray(w.T), True)], {"transB": 1}, None),
         }
-        for label, graph in variants.items():
-            _row(f"matmul {m}x{k}x{n} {label}", _time(_kernels(graph, {"a": a_dev}, tf32, device), repeat), peer, "cuBLAS")
-    for batch, c, h, wd, f, k, s in SMOKE["conv"] if smoke else CONV_SHAPES:
+        for label, build in variants.items():
+            name = f"matmul {m}x{k}x{n} {label}"
+            _guarded(name, lambda: _row(name, _time(_kernels(build(), {"a": a_dev}, tf32, device), repeat),
+                                        peer, "cuBLAS"), failures)
+
+    def conv(batch: int, c: int, h: int, wd: int, f: int, k: int, s: int) -> None:
         x = rng.standard_normal((batch, c, h, wd)).astype(np.float32)
         w = (rng.standard_normal((f, c, k, k)) * 0.05).astype(np.float32)
         attrs = {"strides": (s, s), "pads": (k // 2,) * 4}
@@ -124,11 +141,16 @@ def bench_templates(repeat: int, tf32: bool, device: str = "cuda") -> None:
         peer = _time(lambda: torch.nn.functional.conv2d(x_dev, w_dev, stride=s, padding=k // 2), repeat)
         _row(f"conv {batch}x{c}x{h}x{wd} -> {f} k{k} s{s} (incl. NCHWc16 pack/unpack)",
              _time(_kernels(graph, {"x": x_dev}, tf32, device), repeat), peer, "cuDNN")
-    for rows, cols in SMOKE["rows"] if smoke else ROW_SHAPES:
+
+    def softmax(rows: int, cols: int) -> None:
         x = rng.standard_normal((rows, cols)).astype(np.float32)
         x_dev = torch.from_numpy(x).to(dev)
-        softmax = _kernels(_one_node("Softmax", [("x", x, False)], {"axis": -1}, None), {"x": x_dev}, tf32, device)
-        _row(f"softmax {rows}x{cols}", _time(softmax, repeat), _time(lambda: torch.softmax(x_dev, -1), repeat), "torch")
+        kernels = _kernels(_one_node("Softmax", [("x", x, False)], {"axis": -1}, None), {"x": x_dev}, tf32, device)
+        _row(f"softmax {rows}x{cols}", _time(kernels, repeat), _time(lambda: torch.softmax(x_dev, -1), repeat), "torch")
+
+    def layer_norm(rows: int, cols: int) -> None:
+        x = rng.standard_normal((rows, cols)).astype(np.float32)
+        x_dev = torch.from_numpy(x).to(dev)
         gamma = rng.uniform(0.5, 1.5, cols).astype(np.float32)
         beta = rng.standard_normal(cols).astype(np.float32)
         norm = _kernels(_one_node("LayerNormalization", [("x", x, False), ("g", gamma, True), ("b", beta, True)],
@@ -137,8 +159,27 @@ def bench_templates(repeat: int, tf32: bool, device: str = "cuda") -> None:
         _row(f"layer norm {rows}x{cols}", _time(norm, repeat),
              _time(lambda: torch.nn.functional.layer_norm(x_dev, (cols,), g_dev, b_dev), repeat), "torch")
 
+    for shape in SMOKE["matmul"] if smoke else MATMUL_SHAPES:
+        matmul(*shape)
+    for shape in SMOKE["conv"] if smoke else CONV_SHAPES:
+        _guarded(f"conv {shape}", lambda: conv(*shape), failures)
+    for shape in SMOKE["rows"] if smoke else ROW_SHAPES:
+        _guarded(f"softmax {shape}", lambda: softmax(*shape), failures)
+        _guarded(f"layer norm {shape}", lambda: layer_norm(*shape), failures)
+    return failures
 
-def bench_models(repeat: int, tf32: bool) -> None:
+
+def _max_error(ours: dict[str, np.ndarray], reference: Any) -> float:
+    """The largest difference between tilefold's first output and the reference's, as a
+    fraction of the reference's largest magnitude."""
+    got = np.asarray(next(iter(ours.values())), np.float64)
+    want = np.asarray(reference.float().numpy(), np.float64).reshape(got.shape)
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+
+def bench_models(repeat: int, tf32: bool) -> list[str]:
+    """End to end against eager and inductor, with each side's first-call (compile) time and
+    tilefold's largest error against eager; returns the models that failed."""
     import torch
 
     import tilefold
@@ -148,25 +189,51 @@ def bench_models(repeat: int, tf32: bool) -> None:
 
     print("== end to end (ratio = peer time / tilefold time) ==")
     rng = np.random.default_rng(1)
+    failures: list[str] = []
     cases = [("resnet50", models.resnet50, models.resnet50_torch, models.resnet50_inputs(rng)),
              ("bert", models.bert, models.bert_torch, models.bert_inputs(rng))]
-    for name, export, build, feeds in cases:
-        graph = tilefold.optimize(export(), "gpu").graph
+
+    measured: list[tuple[str, Any, float, Callable[[Any], Any]]] = []
+
+    def run(name: str, export: Callable[[], Any], build: Callable[[], Any], feeds: dict[str, np.ndarray]) -> None:
+        start = time.perf_counter()
+        path = export()
+        exported = time.perf_counter()
+        graph = tilefold.optimize(path, "gpu").graph
+        optimized = time.perf_counter()
         exe = TritonExecutable(_tf32(graph) if tf32 else graph, device="cuda")
         dev_feeds = {k: torch.from_numpy(v).cuda() for k, v in feeds.items()}
+        first = exe(dev_feeds)
+        compiled = time.perf_counter()
+        print(f"  {name}: export {exported - start:.1f} s, optimize {optimized - exported:.1f} s, "
+              f"first run (kernel compiles) {compiled - optimized:.1f} s", flush=True)
         ours = _time(lambda: exe(dev_feeds), repeat)
-        module = build().cuda()
 
-        def eager(fn: Any = module) -> Any:
+        def forward(fn: Any) -> Any:
             with torch.no_grad():
                 out = fn(**dev_feeds)
             return out[0].cpu()
 
-        _row(f"{name} (optimized for gpu)", ours, _time(eager, repeat), "eager")
-        compiled = torch.compile(module)
-        _row(f"{name} (optimized for gpu)", ours, _time(lambda: eager(compiled), repeat), "inductor")
+        module = build().cuda()
+        print(f"  {name}: largest error against eager, relative to its largest output: "
+              f"{_max_error(first, forward(module)):.2e}")
+        _row(f"{name} (optimized for gpu)", ours, _time(lambda: forward(module), repeat), "eager")
         print(f"  {len(exe.steps)} steps, NumPy fallback nodes: {len(exe.fallback_nodes)}, "
-              f"transfers per run: {exe.transfers // (repeat + 1)}")
+              f"transfers per run: {exe.transfers // (repeat + 2)}", flush=True)
+        measured.append((name, module, ours, forward))
+
+    def inductor(name: str, module: Any, ours: float, forward: Callable[[Any], Any]) -> None:
+        compiled_module = torch.compile(module)
+        start = time.perf_counter()
+        forward(compiled_module)
+        print(f"  {name}: inductor's first call (compile) {time.perf_counter() - start:.1f} s", flush=True)
+        _row(f"{name} (optimized for gpu)", ours, _time(lambda: forward(compiled_module), repeat), "inductor")
+
+    for name, export, build, feeds in cases:
+        _guarded(name, lambda: run(name, export, build, feeds), failures)
+    for name, module, ours, forward in measured:  # after every eager row: inductor's compiles are the slow part
+        _guarded(f"{name} inductor", lambda: inductor(name, module, ours, forward), failures)
+    return failures
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,18 +251,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.device == "interp":
         print("device: Triton interpreter on the CPU (smoke run: tiny shapes, times mean nothing)")
-        bench_templates(1, args.tf32, "interp")
-        return 0
+        return 1 if bench_templates(1, args.tf32, "interp") else 0
     if not torch.cuda.is_available():
         print("bench/gpu.py: no CUDA GPU on this machine; nothing measured (the Triton tests run on 'interp')")
         return 0
     torch.backends.cuda.matmul.allow_tf32 = args.tf32
     torch.backends.cudnn.allow_tf32 = args.tf32
     print(f"device: {torch.cuda.get_device_name()}, float32, TF32 {'on' if args.tf32 else 'off'}")
-    bench_templates(args.repeat, args.tf32)
+    failures = bench_templates(args.repeat, args.tf32)
     if not args.skip_models:
-        bench_models(args.repeat, args.tf32)
-    return 0
+        failures += bench_models(args.repeat, args.tf32)
+    if failures:
+        print(f"{len(failures)} cases failed: {', '.join(failures)}")
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -105,6 +105,12 @@ def _mod(a: list[str], node: Node, consts: list[Any]) -> str | None:
     return f"libm.{helper}({a[0]}, {a[1]})"
 
 
+def _neg(a: list[str], node: Node, consts: list[Any]) -> str:
+    """-x; a float is multiplied by -1, since Triton 3.6 (the GPU machines') lowers a float's
+    unary minus to 0 - x, which gives +0 for -(+0)."""
+    return f"-{a[0]}" if is_integer(node.outputs[0]) else f"({a[0]} * -1.0)"
+
+
 def _bit_shift(a: list[str], node: Node, consts: list[Any]) -> str | None:
     """x << y, or x >> y filling with the sign, for 0 <= y < the width; a shift out of that
     range (a poison value on the GPU) gives what NumPy does and ONNX opset 28 asks: 0, or the
@@ -159,7 +165,7 @@ def _variadic(fn: str, extra: str = "") -> Expr:
 
 OPS: dict[str, Expr] = {
     "Relu": _unary("tl.where({0} < 0.0, 0.0, {0})"),
-    "Neg": _unary("-{0}"),
+    "Neg": _neg,
     "Abs": _unary("tl.abs({0})"),
     "Exp": _unary("tl.exp({0})"),
     "Log": _unary("tl.log({0})"),

@@ -25,6 +25,9 @@ there), so the float32 result is the exact value rounded, to within an ulp:
    whose quotient of the type's minimum overflows).
 6. multiply: the combine function of a product reduction.
 
+A float's sign is flipped by multiplying by -1: Triton 3.6 (the GPU machines') lowers a float's
+unary minus to 0 - x, which loses the sign of a zero.
+
 The float helpers take float32 tensors or float literals (a splat operand) and return float32.
 """
 from __future__ import annotations
@@ -112,7 +115,7 @@ def rint(x):
     x = tl.cast(x, tl.float32)
     a = tl.abs(x)
     r = (a + 8388608.0) - 8388608.0
-    r = tl.where(x.to(tl.int32, bitcast=True) < 0, -r, r)
+    r = tl.where(x.to(tl.int32, bitcast=True) < 0, r * -1.0, r)
     return tl.where(a < 8388608.0, r, x)
 
 
@@ -148,7 +151,7 @@ def fmod(a, b):
         c = y * ((k + 1023) << 52).to(tl.float64, bitcast=True)
         r = r - tl.floor(r / c) * c
     r32 = r.to(tl.float32)
-    r32 = tl.where(a.to(tl.int32, bitcast=True) < 0, -r32, r32)
+    r32 = tl.where(a.to(tl.int32, bitcast=True) < 0, r32 * -1.0, r32)
     r32 = tl.where(tl.abs(b) == float("inf"), a, r32)
     return tl.where((b == 0.0) | (tl.abs(a) == float("inf")) | (a != a) | (b != b), float("nan"), r32)
 
@@ -159,7 +162,7 @@ def mod(a, b):
     b = tl.cast(b, tl.float32)
     m = fmod(a, b)
     m = tl.where((m != 0.0) & ((m < 0.0) != (b < 0.0)), m + b, m)
-    return tl.where(m == 0.0, tl.where(b < 0.0, -tl.abs(m), tl.abs(m)), m)
+    return tl.where(m == 0.0, tl.where(b < 0.0, tl.abs(m) * -1.0, tl.abs(m)), m)
 
 
 @triton.jit
