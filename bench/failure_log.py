@@ -13,6 +13,6 @@ import pytest
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     path = os.environ.get("FAILURE_LOG")
-    if path and report.failed:
+    if path and report.failed and "PYTEST_XDIST_WORKER" not in os.environ:  # xdist's controller logs workers' reports
         with open(path, "a", encoding="utf-8") as log:
             log.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")

@@ -7,11 +7,12 @@ is faster).
    weight pays is measured here, not assumed; conv on NCHWc16 vs cuDNN; softmax and layer norm.
 2. End to end: ResNet-50 and BERT-base (bench/models.py exports), optimized for the gpu target
    and run by `TritonExecutable(device="cuda")`, against eager PyTorch and `torch.compile`
-   (inductor) on the same inputs; outputs copied to the host on both sides.
+   (inductor) on the same inputs; outputs copied to the host on both sides. Also printed: the
+   compile times, the largest error against eager, and the GPU's busy time in one run.
 
 Float32 matmuls use IEEE precision on both sides (TF32 off) unless --tf32.
 
-    python -m tilefold.bench.gpu [--skip-models] [--tf32] [--repeat 20]
+    python -m tilefold.bench.gpu [--skip-templates] [--skip-models] [--skip-inductor] [--tf32] [--repeat 20]
 
 Runs only where CUDA is present; elsewhere it prints one line and exits with status 0
 (`--device interp` runs the template part on tiny shapes under the interpreter, to check it).
@@ -177,7 +178,23 @@ def _max_error(ours: dict[str, np.ndarray], reference: Any) -> float:
     return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
 
 
-def bench_models(repeat: int, tf32: bool) -> list[str]:
+def _busy(name: str, fn: Callable[[], Any], wall: float) -> None:
+    """How much of one run the GPU spends in kernels (torch.profiler), and the kernels that
+    take most of it: whether a model is bound by its kernels or by launching them."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy = {e.key: e.self_device_time_total for e in kernels}
+    top = sorted(busy.items(), key=lambda kv: -kv[1])[:5]
+    print(f"  {name}: GPU busy in kernels {sum(busy.values()) / 1e3:.3f} ms of a {wall * 1e3:.3f} ms run; most: "
+          + ", ".join(f"{k[:40]} {v / 1e3:.3f} ms" for k, v in top), flush=True)
+
+
+def bench_models(repeat: int, tf32: bool, inductor: bool = True) -> list[str]:
     """End to end against eager and inductor, with each side's first-call (compile) time and
     tilefold's largest error against eager; returns the models that failed."""
     import torch
@@ -221,8 +238,9 @@ def bench_models(repeat: int, tf32: bool) -> list[str]:
         print(f"  {len(exe.steps)} steps, NumPy fallback nodes: {len(exe.fallback_nodes)}, "
               f"transfers per run: {exe.transfers // (repeat + 2)}", flush=True)
         measured.append((name, module, ours, forward))
+        _guarded(f"{name} profile", lambda: _busy(name, lambda: exe(dev_feeds), ours), failures)
 
-    def inductor(name: str, module: Any, ours: float, forward: Callable[[Any], Any]) -> None:
+    def compiled(name: str, module: Any, ours: float, forward: Callable[[Any], Any]) -> None:
         compiled_module = torch.compile(module)
         start = time.perf_counter()
         forward(compiled_module)
@@ -231,8 +249,9 @@ def bench_models(repeat: int, tf32: bool) -> list[str]:
 
     for name, export, build, feeds in cases:
         _guarded(name, lambda: run(name, export, build, feeds), failures)
-    for name, module, ours, forward in measured:  # after every eager row: inductor's compiles are the slow part
-        _guarded(f"{name} inductor", lambda: inductor(name, module, ours, forward), failures)
+    # after every eager row: inductor's compiles are the slow part
+    for name, module, ours, forward in measured if inductor else ():
+        _guarded(f"{name} inductor", lambda: compiled(name, module, ours, forward), failures)
     return failures
 
 
@@ -240,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--skip-models", action="store_true")
+    parser.add_argument("--skip-templates", action="store_true")
+    parser.add_argument("--skip-inductor", action="store_true", help="end to end against eager PyTorch only")
     parser.add_argument("--tf32", action="store_true", help="let both sides use TF32 for float32 matmuls")
     parser.add_argument("--device", default="cuda", choices=("cuda", "interp"),
                         help="interp: tiny shapes under Triton's interpreter, to check the script (no timing value)")
@@ -258,9 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = args.tf32
     torch.backends.cudnn.allow_tf32 = args.tf32
     print(f"device: {torch.cuda.get_device_name()}, float32, TF32 {'on' if args.tf32 else 'off'}")
-    failures = bench_templates(args.repeat, args.tf32)
+    failures = [] if args.skip_templates else bench_templates(args.repeat, args.tf32)
     if not args.skip_models:
-        failures += bench_models(args.repeat, args.tf32)
+        failures += bench_models(args.repeat, args.tf32, inductor=not args.skip_inductor)
     if failures:
         print(f"{len(failures)} cases failed: {', '.join(failures)}")
     return 1 if failures else 0

@@ -7,7 +7,7 @@
 # Logs go to $OUT (the device tool's folder) or ./gpu-check; bench/RESULTS.md says what to record.
 #
 #   bash bench/gpu_check.sh                      # on the lent machine: run(command="bash bench/gpu_check.sh", timeout_s=580)
-#   TESTS_S=200 TOTAL_S=500 bash bench/gpu_check.sh
+#   TESTS_S=120 TOTAL_S=300 BENCH_ARGS="--skip-templates --skip-inductor" bash bench/gpu_check.sh
 set -uo pipefail
 start=$SECONDS
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -41,5 +41,5 @@ FAILURE_LOG="$out/failures.txt" timeout -s INT -k 20 "${TESTS_S:-270}" python3 -
 echo "tests exit $? after $((SECONDS - start)) s (124 or 130: stopped at ${TESTS_S:-270} s)"
 grep -E "^(FAILED|ERROR)|passed|failed" "$out/tests.log" | tail -40
 left=$(( ${TOTAL_S:-540} - (SECONDS - start) ))
-timeout -s INT -k 20 "$left" python3 -m tilefold.bench.gpu --repeat 10 2>&1 | tee "$out/bench.log"
+timeout -s INT -k 20 "$left" python3 -m tilefold.bench.gpu --repeat 10 ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.log"
 echo "bench exit ${PIPESTATUS[0]} after $((SECONDS - start)) s (124 or 130: stopped at $left s)"

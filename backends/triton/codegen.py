@@ -1,6 +1,10 @@
 """Generated source -> a launchable Triton kernel, cached by source hash and device.
 
-Templates emit a small Python module with one `@triton.jit` function. It is registered with
+Templates emit a small Python module with one `@triton.jit` function, its lines commented
+with the graph values they read and write. What is compiled is that source without its
+comments (line for line, so tracebacks point at the listed lines): the twelve layers of a BERT
+then share one module per kernel, and Triton compiles each once (BERT-base: 21 kernels to
+compile instead of 247; 148 s of compiling on an H200 before). It is registered with
 `linecache` under a name derived from its hash, so `inspect` (which both Triton's JIT and its
 interpreter read) finds the source without a file on disk. For the `cuda` device the module's
 `@triton.jit` gives a `JITFunction`; for `interp` every jit'd function of the module is wrapped
@@ -25,7 +29,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib
+import io
 import linecache
+import tokenize
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
@@ -129,10 +135,23 @@ def module_source(body: str) -> str:
     return HEADER + body.strip("\n") + "\n"
 
 
+def uncommented(source: str) -> str:
+    """`source` with its comments removed and every line kept (tokenize tells a comment from
+    a `#` inside a string)."""
+    lines = source.splitlines(True)
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            row, col = token.start
+            lines[row - 1] = lines[row - 1][:col].rstrip() + "\n"
+    return "".join(lines)
+
+
 def build(source: str, fn_name: str, device: str) -> Any:
-    """The kernel `fn_name` of module `source` for `device` ("cuda" or "interp"), cached."""
+    """The kernel `fn_name` of module `source` for `device` ("cuda" or "interp"), cached by
+    the source without its comments."""
     if device not in DEVICES:
         raise ValueError(f"unknown Triton device {device!r}; expected one of {DEVICES}")
+    source = uncommented(source)
     digest = hashlib.sha256(source.encode()).hexdigest()[:20]
     key = (f"{digest}:{fn_name}", device)
     if key in _CACHE:

@@ -139,9 +139,14 @@ def assert_close(got: dict[str, np.ndarray], want: dict[str, np.ndarray], rtol: 
 
 
 def ort_outputs(model: onnx.ModelProto, feeds: dict[str, Any]) -> dict[str, np.ndarray]:
+    """onnxruntime's outputs, the model given the lowest IR version its opsets allow: onnx
+    1.23 writes IR 14, which the onnxruntime of the GPU machines (1.30) refuses."""
     import onnxruntime as ort
 
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    oldest = onnx.ModelProto()
+    oldest.CopyFrom(model)
+    oldest.ir_version = helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
+    session = ort.InferenceSession(oldest.SerializeToString(), providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(None, feeds)))
 

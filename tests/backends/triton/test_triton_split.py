@@ -36,23 +36,29 @@ def _split(g: Graph, x: Value, attrs: dict, sizes: list[int] | None = None,
     return [Value(node.name, k) for k in range(len(outs))]
 
 
-def _exact(got: dict, want: dict) -> None:
+def _exact(got: dict, want: dict, ulps: int = 0) -> None:
+    """Equal, or for floats within `ulps` units in the last place (a moved element off by one
+    would differ by far more)."""
     assert set(got) == set(want)
     for name in want:
         assert got[name].dtype == want[name].dtype, name
-        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+        if ulps and got[name].dtype.kind == "f":
+            np.testing.assert_array_max_ulp(got[name], want[name], maxulp=ulps)
+        else:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
 def _run(kit, g: Graph, feeds: dict, device: str) -> TritonExecutable:
     """Run on `device` with the arena poisoned first (NaN bytes: a part a kernel failed to
-    write shows), check exactness and the arena; the executable."""
+    write shows), check exactness (within 2 ulps on a GPU, whose exp is an approximate
+    instruction) and the arena; the executable."""
     exe = TritonExecutable(g, device=device)
     for arena in exe.arenas.values():
         arena.fill_(0xFF)
     got = exe(feeds)
     assert exe.fallback_nodes == []
     _, want = kit.run_both(g, feeds, device)
-    _exact(got, want)
+    _exact(got, want, ulps=0 if device == "interp" else 2)
     check_arena(exe)
     return exe
 
@@ -107,7 +113,7 @@ def test_split_along_an_untiled_axis_of_a_padded_packed_operand(kit, device, pad
     if pad is not None:
         buffers: dict = {}
         exe.run({"x": x}, keep=buffers)
-        assert (buffers[bottom].numpy()[:, -1, 2:] == pad).all()  # the last tile's padding columns
+        assert (buffers[bottom].cpu().numpy()[:, -1, 2:] == pad).all()  # the last tile's padding columns
 
 
 def test_an_unread_part_and_an_empty_part(kit, device):
