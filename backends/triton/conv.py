@@ -31,9 +31,10 @@ import numpy as np
 from ...graph.graph import Graph, Node
 from ...graph.ops.shapes import transposed_window
 from ...graph.types import TensorType, Value
+from ...layout.targets import GpuTarget
 from .codegen import jit_function
 from .elementwise import Loader, emit_chain, store_expr
-from .indexing import is_float, next_pow2, offset, unravel
+from .indexing import filling_blocks, is_float, next_pow2, offset, unravel
 
 N_IDX, F_IDX = "pn[:, None]", "rf[None, :]"
 SPATIAL_RANKS = frozenset({1, 2})
@@ -134,10 +135,11 @@ def tiles(graph: Graph, nodes: list[Node]) -> list[tuple[str, TensorType, int, s
             (f"result ({nodes[-1].name})", out, 1, "BLOCK_N")]
 
 
-def defaults(graph: Graph, nodes: list[Node], tile: int) -> dict[str, Any]:
+def defaults(graph: Graph, nodes: list[Node], target: GpuTarget) -> dict[str, Any]:
+    """As the matmul's: pixels by filters per group, blocks that fill the GPU's programs."""
     g = geometry(graph, nodes[0])
-    bm = min(128, max(tile, next_pow2(g.pixels)))
-    bn = min(128, max(tile, next_pow2(g.fg)))
+    bm, bn = filling_blocks(g.pixels, g.fg, g.group, target)
+    tile = target.block
     bk = min(max(tile, next_pow2(g.cg)), 2 * tile if nodes[0].outputs[0].dtype.itemsize >= 4 else 4 * tile)
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "num_warps": 8 if bm * bn >= 128 * 128 else 4,
             "num_stages": 3, "input_precision": "ieee"}

@@ -19,6 +19,7 @@ import numpy as np
 
 from ...graph.types import TensorType
 from ...layout.encoding import PackedEncoding
+from ...layout.targets import GpuTarget
 
 
 def physical_shape(t: TensorType) -> tuple[int, ...]:
@@ -102,6 +103,21 @@ def unravel(flat: str, shape: Sequence[int], names: Sequence[str]) -> list[str]:
 
 def next_pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
+
+
+def filling_blocks(m: int, n: int, count: int, target: GpuTarget, largest: int = 128) -> tuple[int, int]:
+    """(BLOCK_M, BLOCK_N) for `count` results of m x n: powers of two covering them, at most
+    `largest`, the larger halved first while the grid has fewer programs than the target
+    wants and a block is above its tile. Smaller blocks use a multiprocessor less well, and an
+    idle one not at all."""
+    bm = min(largest, max(target.block, next_pow2(m)))
+    bn = min(largest, max(target.block, next_pow2(n)))
+    while count * -(-m // bm) * -(-n // bn) < target.programs and max(bm, bn) > target.block:
+        if bm >= bn:
+            bm //= 2
+        else:
+            bn //= 2
+    return bm, bn
 
 
 def triton_dtype(dtype: np.dtype | str) -> str:

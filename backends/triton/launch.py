@@ -22,13 +22,15 @@ from .fusion import Group, group_nodes
 from .templates import TEMPLATES, classify
 
 
-def tile_size(graph: Graph) -> int:
-    """The gpu target's tile: the smallest block a kernel uses."""
-    return int(getattr(get_target("gpu"), "block", GpuTarget.block))
+def gpu_target(graph: Graph) -> GpuTarget:
+    """The gpu target, whose facts (its tile, the smallest block a kernel uses; the programs a
+    grid should reach) the defaults are computed from."""
+    target = get_target("gpu")
+    return target if isinstance(target, GpuTarget) else GpuTarget()
 
 
 def defaults(graph: Graph, group: Group) -> dict[str, Any]:
-    return TEMPLATES[group.kind].defaults(graph, group.nodes, tile_size(graph))
+    return TEMPLATES[group.kind].defaults(graph, group.nodes, gpu_target(graph))
 
 
 def config(graph: Graph, group: Group) -> dict[str, Any]:

@@ -17,9 +17,10 @@ import numpy as np
 
 from ...graph.graph import Graph, Node
 from ...graph.types import TensorType, Value
+from ...layout.targets import GpuTarget
 from .codegen import jit_function
 from .elementwise import Loader, emit_chain, store_expr
-from .indexing import broadcast_index, is_float, next_pow2, offset, unravel
+from .indexing import broadcast_index, filling_blocks, is_float, next_pow2, offset, unravel
 
 M_IDX, N_IDX = "rm[:, None]", "rn[None, :]"
 
@@ -72,12 +73,14 @@ def tiles(graph: Graph, nodes: list[Node]) -> list[tuple[str, TensorType, int, s
     return found
 
 
-def defaults(graph: Graph, nodes: list[Node], tile: int) -> dict[str, Any]:
-    """Blocks from the shapes: at least one target tile, at most 128 x 128 (64 x 64 under
-    32 columns of k), BLOCK_K two tiles for 4-byte types, four for 2-byte ones."""
+def defaults(graph: Graph, nodes: list[Node], target: GpuTarget) -> dict[str, Any]:
+    """Blocks from the shapes (`filling_blocks`: up to 128 x 128, smaller where the grid would
+    leave the GPU idle), BLOCK_K two tiles for 4-byte types, four for 2-byte ones."""
     s = sizes(graph, nodes[0])
-    bm = min(128, max(tile, next_pow2(s["m"])))
-    bn = min(128, max(tile, next_pow2(s["n"])))
+    batch_shape, _ = _batch(nodes[0].outputs[0])
+    count = int(np.prod(batch_shape, dtype=np.int64)) if batch_shape else 1
+    bm, bn = filling_blocks(s["m"], s["n"], count, target)
+    tile = target.block
     itemsize = nodes[0].outputs[0].dtype.itemsize
     bk = min(max(tile, next_pow2(s["k"])), tile * (2 if itemsize >= 4 else 4))
     warps = 8 if bm * bn >= 128 * 128 else 4

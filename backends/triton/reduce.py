@@ -41,6 +41,7 @@ import numpy as np
 
 from ...graph.graph import Graph, Node
 from ...graph.types import TensorType, Value
+from ...layout.targets import GpuTarget
 from .codegen import jit_function
 from .elementwise import store_expr
 from .layout_ops import constant_ints
@@ -197,8 +198,8 @@ def row_length(graph: Graph, node: Node) -> int:
     return int(np.prod([int(x.shape[a]) for a in axes_of(graph, node) or ()], dtype=np.int64))
 
 
-def defaults(graph: Graph, nodes: list[Node], tile: int) -> dict[str, Any]:
-    block = max(tile, next_pow2(row_length(graph, nodes[0])))
+def defaults(graph: Graph, nodes: list[Node], target: GpuTarget) -> dict[str, Any]:
+    block = max(target.block, next_pow2(row_length(graph, nodes[0])))
     if nodes[0].op == "TopK" and topk_in_pieces(graph, nodes[0]):
         block = max(TOPK_PIECE, next_pow2(2 * (topk_k(graph, nodes[0]) or 1)))
     return {"BLOCK": block, "num_warps": 4 if block <= 2048 else 8, "num_stages": 1}

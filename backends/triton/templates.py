@@ -21,6 +21,7 @@ import numpy as np
 from ...graph.graph import Graph, Node
 from ...graph.ops.tensor import RESHAPES
 from ...graph.types import Value
+from ...layout.targets import GpuTarget
 from . import conv, elementwise, layout_ops, matmul, reduce, scatter, split
 from .codegen import Table
 from .indexing import next_pow2
@@ -35,7 +36,7 @@ class Template:
     kernel: Callable[[Graph, Nodes, str], tuple[str, list["Value | Table"]]]
     grid: Callable[[Graph, Nodes, dict[str, Any]], tuple[int, ...]]
     constexprs: Callable[[dict[str, Any]], dict[str, Any]]
-    defaults: Callable[[Graph, Nodes, int], dict[str, Any]]
+    defaults: Callable[[Graph, Nodes, GpuTarget], dict[str, Any]]
     keys: frozenset[str]
     tiles: Callable[[Graph, Nodes], list] = lambda graph, nodes: []
     check: Callable[[Graph, Nodes, dict[str, Any]], "str | None"] = lambda graph, nodes, config: None
@@ -64,7 +65,7 @@ def _flat(kind: str, supports: Callable[[Graph, Node], bool],
         kind, supports, kernel,
         grid=lambda graph, nodes, config: _flat_grid(numel(graph, nodes), config),
         constexprs=lambda config: {"BLOCK": config["BLOCK"]},
-        defaults=lambda graph, nodes, tile: _flat_defaults(numel(graph, nodes), tile),
+        defaults=lambda graph, nodes, target: _flat_defaults(numel(graph, nodes), target.block),
         keys=frozenset({"BLOCK", "num_warps", "num_stages"}), **extra)
 
 

@@ -33,10 +33,30 @@ def test_defaults_come_from_shapes_and_the_target_tile(kit):
     g, _, _ = _mlp_graph(kit)
     groups = {grp.anchor.name: grp for grp in kernel_groups(g)}
     assert set(groups) == {"mm", "softmax"}
-    mm = config(g, groups["mm"])
-    assert mm["BLOCK_M"] == 64 and mm["BLOCK_N"] == 128 and mm["BLOCK_K"] == 32 and mm["input_precision"] == "ieee"
+    mm = config(g, groups["mm"])  # a 37 x 70 result: tile-sized blocks, 15 programs (a grid that cannot fill a GPU)
+    assert mm["BLOCK_M"] == 16 and mm["BLOCK_N"] == 16 and mm["BLOCK_K"] == 32 and mm["input_precision"] == "ieee"
     assert config(g, groups["softmax"])["BLOCK"] == 128  # the whole 70-element row in one block
     verify_launch(g)
+
+
+@pytest.mark.parametrize("m,n,count,blocks", [
+    (4096, 4096, 1, (128, 128)),  # 1,024 programs already
+    (128, 768, 1, (16, 32)),      # BERT-base's products at sequence 128: 6 programs at 128 x 128, 192 here
+    (128, 128, 12, (32, 32)),     # its 12 heads' scores
+    (49, 512, 1, (16, 16)),       # ResNet-50's last stage at batch 1: 4 programs at 64 x 128; the tile is the floor
+    (3136, 64, 1, (32, 32)),      # its first stage: 25 programs at 128 x 64
+])
+def test_blocks_shrink_until_the_grid_fills_the_gpu(m, n, count, blocks):
+    """The larger block is halved while the grid has fewer programs than the gpu target's
+    multiprocessors, down to the tile."""
+    from tilefold.backends.triton.indexing import filling_blocks
+    from tilefold.layout.targets import GpuTarget
+
+    target = GpuTarget()
+    assert filling_blocks(m, n, count, target) == blocks
+    bm, bn = blocks
+    programs = count * -(-m // bm) * -(-n // bn)
+    assert programs >= target.programs or blocks == (target.block, target.block)
 
 
 def test_user_configuration_is_node_data_and_changes_the_launch_not_the_result(kit, device):
