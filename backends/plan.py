@@ -112,7 +112,8 @@ def plan_memory(graph: Graph, dims: Mapping[str, int] | None = None, *,
     fused kernel group: its operands are read and its result written at that one step);
     default: every compute node its own step, in topological order. `views` names the nodes
     whose result the executor makes a view of their first operand (default: the `VIEW_OPS`);
-    a named node is a view only where the sizes, encodings and devices agree."""
+    a node is a view only where the sizes and devices agree, and, unless `views` names it (the
+    executor checked that its layout leaves every element in place), the encodings."""
     dims = dict(dims or {})
     compute = [n for n in graph.nodes() if n.op not in (INPUT, OUTPUT, CONSTANT)]
     step_of = _steps(compute, schedule)
@@ -145,7 +146,8 @@ def plan_memory(graph: Graph, dims: Mapping[str, int] | None = None, *,
             size = _size(t, dims, node)
             source = inputs[0] if inputs else None
             is_view = node.op in VIEW_OPS if views is None else node.name in views
-            if slot == 0 and is_view and source is not None and _same_buffer(graph, source, t, dims, node):
+            if slot == 0 and is_view and source is not None and _same_buffer(graph, source, t, dims, node,
+                                                                               views is not None):
                 root[value] = root.get(source)
                 continue
             root[value], lifetimes[value], sizes[value], owner[value] = value, [step, step], size, node.device
@@ -178,10 +180,13 @@ def _steps(compute: list[Node], schedule: Sequence[Sequence[str]] | None) -> dic
     return step_of
 
 
-def _same_buffer(graph: Graph, source: Value, t: TensorType, dims: Mapping[str, int], node: Node) -> bool:
+def _same_buffer(graph: Graph, source: Value, t: TensorType, dims: Mapping[str, int], node: Node,
+                 checked: bool) -> bool:
+    """Whether `node`'s result can be `source`'s buffer: same device and size, and the same
+    encoding unless the caller `checked` the layouts element by element."""
     producer = graph.node(source.node)
     source_type = producer.outputs[source.slot]
-    return (producer.device == node.device and source_type.encoding == t.encoding
+    return (producer.device == node.device and (checked or source_type.encoding == t.encoding)
             and _size(source_type, dims, producer) == _size(t, dims, node))
 
 

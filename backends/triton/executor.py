@@ -363,7 +363,7 @@ class TritonExecutable:
             return self._kernel_step(group, device, planned)
         inputs = [v for v in g.inputs_of(node.name)]
         if group.kind == "view":
-            shape = tuple(int(d) for d in node.outputs[0].shape)
+            shape = physical_shape(node.outputs[0])
             return Step(group, lambda args: [self._to_device(args[0], device).reshape(shape)], [inputs[0]],
                         [Value(node.name)], device=device, buffers=[None])
         if group.kind == "static":

@@ -1,8 +1,9 @@
 """The template table: kind -> how a group of that kind is recognized, generated and launched.
 
 `classify` gives each node the kind of kernel that runs it; a node no template supports (or
-placed on the host, `node.device == "cpu"`) runs on the NumPy backend ("numpy"); a plain
-reshape of a plain buffer is a view ("view") and Shape/Size of a static tensor a constant
+placed on the host, `node.device == "cpu"`) runs on the NumPy backend ("numpy"); a reshape
+or transpose whose result is its operand's buffer as it stands is a view ("view": a plain
+reshape, or whole tiles left in place) and Shape/Size of a static tensor a constant
 computed at compile time ("static"): no kernel at all.
 
 A kernel writes one result, slot 0 of its group's last node, except where its template's
@@ -21,6 +22,7 @@ import numpy as np
 from ...graph.graph import Graph, Node
 from ...graph.ops.tensor import RESHAPES
 from ...graph.types import Value
+from ...layout.encoding import pack
 from ...layout.targets import GpuTarget
 from . import conv, elementwise, layout_ops, matmul, reduce, scatter, split
 from .codegen import Table
@@ -113,20 +115,43 @@ def static_result(graph: Graph, node: Node) -> np.ndarray | None:
     return None if value is None else np.asarray(value)
 
 
-def _plain_view(graph: Graph, node: Node) -> bool:
-    x = graph.inputs_of(node.name)[0] if node.op in RESHAPES else None
-    if x is None or len(node.outputs) != 1:
+VIEW_CHECK_LIMIT = 1 << 24
+"""Elements up to which a reshape or transpose of a packed buffer is checked for being a view."""
+
+
+def _view(graph: Graph, node: Node) -> bool:
+    """A reshape or transpose whose result is its operand's buffer as it stands: a reshape of
+    a plain buffer, or an op whose result's layout puts every element at the offset it has in
+    the operand's (checked on the elements' indices, packed both ways): a BERT's heads split of
+    16x16-tiled rows and their transpose into (B, H, T, D) blocks keep every tile whole and in
+    place, and ran as six copy kernels a layer."""
+    if len(node.outputs) != 1 or (node.op not in RESHAPES and node.op != "Transpose"):
         return False
-    t = graph.type_of(x)
-    out = node.outputs[0]
-    return t.encoding is None and out.encoding is None and out.is_static and t.is_static
+    t, out = graph.type_of(graph.inputs_of(node.name)[0]), node.outputs[0]  # type: ignore[arg-type]
+    if not (t.is_static and out.is_static) or t.dtype != out.dtype:
+        return False
+    if t.encoding is None and out.encoding is None and node.op in RESHAPES:
+        return True
+    shape, result_shape = tuple(int(d) for d in t.shape), tuple(int(d) for d in out.shape)
+    count = int(np.prod(shape, dtype=np.int64))
+    if count > VIEW_CHECK_LIMIT or any(enc is not None and enc.is_padded(s)
+                                       for enc, s in ((t.encoding, shape), (out.encoding, result_shape))):
+        return False
+    index = np.arange(count).reshape(shape)
+    if node.op == "Transpose":
+        result = index.transpose(node.attrs.get("perm") or tuple(reversed(range(len(shape)))))
+    else:
+        result = index.reshape(result_shape)
+    before = index if t.encoding is None else pack(index, t.encoding)
+    after = result if out.encoding is None else pack(result, out.encoding)
+    return np.array_equal(before.ravel(), after.ravel())
 
 
 RULES: list[tuple[str, Callable[[Graph, Node], bool]]] = [
     ("numpy", _on_host),
     ("transfer", lambda graph, node: node.op == "Transfer"),
     ("static", lambda graph, node: static_result(graph, node) is not None),
-    ("view", _plain_view),
+    ("view", _view),
     *((kind, TEMPLATES[kind].supports) for kind in ("matmul", "conv", "reduce", "chain", "movement", "split",
                                                                  "scatter")),
 ]

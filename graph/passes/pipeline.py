@@ -99,7 +99,8 @@ def simplify(
     rows, its Gemm becoming a MatMul and an Add), compose chains of Reshapes and
     Transposes holding two Transposes or more into one Transpose, compose chained Reshapes,
     split a Linear layer whose features are split after a permute into one per piece, make a
-    Tile of size-1 dims an Expand, CSE, DCE.
+    Tile of size-1 dims an Expand, fold a scalar Mul of a product into its weights (attention's
+    query and key scales), CSE, DCE.
 
     `evaluate` runs one node on constant inputs; graph/ does not import a backend, so the
     caller passes the NumPy backend's (tilefold.load does).
@@ -112,10 +113,11 @@ def simplify(
     from .pads import fold_pads
     from .reshapes import compose_reshapes, sink_batch_merges
     from .projections import split_projections
+    from .scales import fold_scales
     from .shuffles import compose_shuffles
     from .transposes import compose_transposes
 
     passes = [constant_folding(evaluate), fold_batchnorm, fold_pads, lower_einsum, compose_transposes,
               sink_batch_merges, compose_shuffles, compose_reshapes, split_projections, tile_as_expand,
-              cse, dce]
+              fold_scales, cse, dce]
     return run_passes(graph, passes, verify=verify, fixed_point=True, log=log)

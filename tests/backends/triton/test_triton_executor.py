@@ -13,6 +13,7 @@ from tilefold.bench.models import mlp_model
 from tilefold.graph import Graph
 from tilefold.graph.errors import InputError, TilefoldError
 from tilefold.graph.types import TensorType
+from tilefold.layout.encoding import PackedEncoding
 
 F32 = np.float32
 
@@ -331,3 +332,42 @@ def test_a_node_of_dynamic_shape_placed_on_a_triton_device_is_a_one_line_error(k
     g.node("tr").device = "interp"
     with pytest.raises(TilefoldError, match=r"node 'tr' \(op Transpose\) is placed on 'interp', but its result"):
         TritonExecutable(g, device="interp")
+
+
+def test_heads_split_and_transposed_in_whole_tiles_are_views_of_the_projection(kit, device):
+    """A transformer layer whose rows and head dims are whole 16x16 tiles, optimized for the
+    gpu target: the Reshapes into heads and the Transposes into (B, H, T, D) blocks keep every
+    tile in place, so they run as views of the buffers (no kernel, no copy), and the layer
+    still computes onnxruntime's result."""
+    from tilefold.backends.triton.executor import check_arena
+    from tilefold.frontends.onnx import load_onnx
+
+    model = kit.tiny_transformer(batch=1, seq=16, dim=64, heads=2, ff=32)
+    exe = TritonExecutable(tilefold.optimize(load_onnx(model), "gpu").graph, device=device)
+    views = [step.group.anchor for step in exe.steps if step.group.kind == "view"]
+    assert [n.op for n in views].count("Reshape") == 4 and [n.op for n in views].count("Transpose") == 4
+    planned = {b.value.node for plan in exe.memory.devices.values() for b in plan.buffers}
+    assert not planned & {n.name for n in views}  # the plan keeps the viewed buffers alive instead
+    kernels = [step.plan.nodes for step in exe.steps if step.plan is not None]
+    assert not any(all(exe.graph.node(n).op in ("Reshape", "Transpose") for n in nodes) for nodes in kernels)
+    x = np.random.default_rng(17).standard_normal((1, 16, 64)).astype(F32)
+    kit.assert_close(exe({"x": x}), kit.ort_outputs(model, {"x": x}), rtol=1e-4, atol=1e-5)
+    check_arena(exe)  # a view's readers keep the buffer it views alive
+
+
+def test_a_transpose_that_moves_elements_is_a_kernel_not_a_view(kit, device):
+    """The view rule checks where every element lies: a plain transpose, or a reshape that
+    cuts across 16x16 tiles, copies."""
+    enc = PackedEncoding((0, 1), (16, 16))
+    x = np.random.default_rng(18).standard_normal((32, 48)).astype(F32)
+    g = Graph("moves")
+    xv = g.add_input("x", TensorType(x.shape, F32))
+    g.add_output(kit.add(g, "Transpose", [xv], {"perm": (1, 0)}), "t")
+    tiled = kit.add(g, "Pack", [xv], {"encoding": enc}, encoding=enc)
+    shape = g.add_constant(np.array([16, 96], np.int64), name="shape")
+    g.add_output(kit.add(g, "Relu", [kit.add(g, "Reshape", [tiled, shape])]), "r")
+    exe = TritonExecutable(g, device=device)
+    assert [step.group.kind for step in exe.steps if step.group.kind == "view"] == []
+    got = exe({"x": x})
+    np.testing.assert_array_equal(got["t"], x.T)
+    np.testing.assert_array_equal(got["r"], np.maximum(x.reshape(16, 96), 0))
