@@ -2,8 +2,8 @@
 # Every GPU check of issue 7 in one call, sized for a 15-minute device lease (a machine's start
 # takes 1-2 of them): one small model (stops the run if the backend cannot launch), the Triton
 # tests' cuda cases (not the sm_80/sm_90 compile tests, which CI runs without a GPU), then
-# `python -m tilefold.bench.gpu`, each
-# under its own time limit (the benchmark gets what the tests leave of TOTAL_S).
+# `python -m tilefold.bench.gpu`, each under its own time limit (the benchmark gets what the
+# tests leave of TOTAL_S).
 # Logs go to $OUT (the device tool's folder) or ./gpu-check; bench/RESULTS.md says what to record.
 #
 #   bash bench/gpu_check.sh                      # on the lent machine: run(command="bash bench/gpu_check.sh", timeout_s=580)

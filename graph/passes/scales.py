@@ -49,23 +49,24 @@ def _product(graph: Graph, value: Value) -> Node | None:
         return None
     ins = graph.inputs_of(node.name)
     if node.op == "Add":
-        matmul, bias = (ins[0], ins[1]) if graph.node(ins[0].node).op == "MatMul" else (ins[1], ins[0])  # type: ignore[union-attr]
-        product = graph.node(matmul.node)  # type: ignore[union-attr]
-        if product.op != "MatMul" or len(graph.users(matmul)) != 1 or not _float_weight(graph, bias):  # type: ignore[arg-type]
-            return None
-        return node if _float_weight(graph, graph.inputs_of(product.name)[1]) else None
+        return node if any(_biased_product(graph, m, b) for m, b in ((ins[0], ins[1]), (ins[1], ins[0]))) else None
     if node.op == "MatMul":
         return node if _float_weight(graph, ins[1]) else None
-    if node.op == "Gemm":
-        return node
-    return None
+    return node if node.op == "Gemm" else None
+
+
+def _biased_product(graph: Graph, matmul: Value | None, bias: Value | None) -> bool:
+    """`matmul` is a MatMul of a float weight read only here, `bias` a float constant."""
+    if matmul is None or graph.node(matmul.node).op != "MatMul" or len(graph.users(matmul)) != 1:
+        return False
+    return _float_weight(graph, bias) and _float_weight(graph, graph.inputs_of(matmul.node)[1])
 
 
 def _scale_constant(graph: Graph, node: Node, slot: int, factor: float) -> None:
     value = graph.inputs_of(node.name)[slot]
-    const = graph.constant_value(value)
-    scaled = _apply(lambda c: c * factor, const)  # type: ignore[arg-type]
-    graph.set_input(node.name, slot, graph.add_constant(scaled, name=f"{graph.value_name(value)}_scaled"))  # type: ignore[arg-type]
+    assert value is not None
+    scaled = _apply(lambda c: c * factor, graph.constant_value(value))
+    graph.set_input(node.name, slot, graph.add_constant(scaled, name=f"{graph.value_name(value)}_scaled"))
 
 
 def _fold(graph: Graph, product: Node, factor: float) -> None:
@@ -75,7 +76,7 @@ def _fold(graph: Graph, product: Node, factor: float) -> None:
         return
     if product.op == "Add":
         ins = graph.inputs_of(product.name)
-        bias_slot = 1 if graph.node(ins[0].node).op == "MatMul" else 0  # type: ignore[union-attr]
+        bias_slot = 1 if _biased_product(graph, ins[0], ins[1]) else 0
         _scale_constant(graph, product, bias_slot, factor)
         product = graph.node(ins[1 - bias_slot].node)  # type: ignore[union-attr]
     _scale_constant(graph, product, 1, factor)
