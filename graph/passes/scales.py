@@ -4,7 +4,9 @@ torch's scaled_dot_product_attention, exported, scales queries and keys by d**-1
 splitting them into heads: Mul(Transpose(Reshape(Add(MatMul(x, W), b))), s). A scalar
 commutes with the reshapes and the transpose, so (x W + b) s = x (W s) + b s: the scale
 folds into W and b, and the Mul, a pass over the activations at run time (a kernel launch
-of its own on a GPU), goes. The same holds for a Gemm (alpha and beta scaled, no copy).
+of its own on a GPU), goes. The same holds for a Gemm (alpha and beta scaled, no copy), and
+for one piece of a Split of the product's features (GPT-2's fused query, key and value: the
+piece's columns of W and b scaled).
 
 Only where every value on the way has one reader (another reader must still see the
 unscaled value), the weight and bias are float constants that are not dequantized integers (a
@@ -12,13 +14,26 @@ scaled copy would lose them), and the Mul's result has its operand's type.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
+
 from ..graph import DEQUANTIZED, Graph, Node
 from ..ops.tensor import RESHAPES
-from ..types import Splat, Value, as_array
+from ..types import ConstValue, Splat, Value, as_array
 from .fold import _apply
 from .pipeline import Pass, PassResult
 
 _SHAPE_ONLY = RESHAPES | {"Transpose"}
+
+
+@dataclass
+class _Scaled:
+    """What a scale folds into: a MatMul, bias Add or Gemm, and the columns (features) of its
+    result that the scaled value holds (None: all of them)."""
+
+    product: Node
+    columns: slice | None = None
 
 
 def _scalar(graph: Graph, value: Value | None) -> float | None:
@@ -38,48 +53,90 @@ def _float_weight(graph: Graph, value: Value | None) -> bool:
     return DEQUANTIZED not in graph.node(value.node).attrs  # type: ignore[union-attr]
 
 
-def _product(graph: Graph, value: Value) -> Node | None:
-    """The MatMul, bias Add or Gemm that computes `value` through shape-only ops, every value
-    on the way read once; None when there is none."""
+def _read_once(graph: Graph, value: Value) -> bool:
+    return len(graph.users(value)) == 1
+
+
+def _piece(graph: Graph, value: Value) -> tuple[Value, slice] | None:
+    """For a piece of a Split of its operand's last axis: the operand and the piece's columns."""
+    split = graph.node(value.node)
+    operand = graph.inputs_of(split.name)[0]
+    if operand is None:
+        return None
+    rank = len(graph.type_of(operand).shape)
+    if int(split.attrs.get("axis", 0)) % rank != rank - 1 or not all(t.is_static for t in split.outputs):
+        return None
+    start = sum(int(t.shape[-1]) for t in split.outputs[:value.slot])
+    return operand, slice(start, start + int(split.outputs[value.slot].shape[-1]))
+
+
+def _scaled(graph: Graph, value: Value) -> _Scaled | None:
+    """What computes `value` through shape-only ops (and at most one Split of its features),
+    every value on the way read once; None when it is not a product with float weights."""
     node = graph.node(value.node)
-    while node.op in _SHAPE_ONLY and len(graph.users(value)) == 1:
+    while node.op in _SHAPE_ONLY and _read_once(graph, value):
         value = graph.inputs_of(node.name)[0]  # type: ignore[assignment]
         node = graph.node(value.node)
-    if len(graph.users(value)) != 1 or len(node.outputs) != 1:
+    if not _read_once(graph, value):
+        return None
+    columns = None
+    if node.op == "Split":
+        piece = _piece(graph, value)
+        if piece is None or not _read_once(graph, piece[0]):
+            return None
+        value, columns = piece
+        node = graph.node(value.node)
+    if len(node.outputs) != 1:
         return None
     ins = graph.inputs_of(node.name)
-    if node.op == "Add":
-        return node if any(_biased_product(graph, m, b) for m, b in ((ins[0], ins[1]), (ins[1], ins[0]))) else None
-    if node.op == "MatMul":
-        return node if _float_weight(graph, ins[1]) else None
-    return node if node.op == "Gemm" else None
+    if node.op == "Add" and any(_biased_product(graph, m, b) for m, b in ((ins[0], ins[1]), (ins[1], ins[0]))):
+        return _Scaled(node, columns)
+    if node.op == "MatMul" and _float_weight(graph, ins[1]):
+        return _Scaled(node, columns)
+    return _Scaled(node) if node.op == "Gemm" and columns is None else None
 
 
 def _biased_product(graph: Graph, matmul: Value | None, bias: Value | None) -> bool:
-    """`matmul` is a MatMul of a float weight read only here, `bias` a float constant."""
-    if matmul is None or graph.node(matmul.node).op != "MatMul" or len(graph.users(matmul)) != 1:
+    """`matmul` is a MatMul of a float weight read only here, `bias` a float constant with a
+    value per column (or one for all, where every column is scaled)."""
+    if matmul is None or graph.node(matmul.node).op != "MatMul" or not _read_once(graph, matmul):
         return False
     return _float_weight(graph, bias) and _float_weight(graph, graph.inputs_of(matmul.node)[1])
 
 
-def _scale_constant(graph: Graph, node: Node, slot: int, factor: float) -> None:
-    value = graph.inputs_of(node.name)[slot]
-    assert value is not None
-    scaled = _apply(lambda c: c * factor, graph.constant_value(value))
-    graph.set_input(node.name, slot, graph.add_constant(scaled, name=f"{graph.value_name(value)}_scaled"))
+def _times(const: ConstValue, factor: float, columns: slice | None) -> ConstValue | None:
+    """`const` with its `columns` (last axis; all when None) multiplied by `factor`; None when
+    it does not have one value per column."""
+    if columns is None:
+        return _apply(lambda c: c * factor, const)
+    if len(const.shape) == 0 or const.shape[-1] < columns.stop:
+        return None
+    scaled = np.array(as_array(const))
+    scaled[..., columns] *= scaled.dtype.type(factor)
+    return scaled
 
 
-def _fold(graph: Graph, product: Node, factor: float) -> None:
+def _fold(graph: Graph, target: _Scaled, factor: float) -> bool:
+    """Scale the target's weights (or a Gemm's alpha and beta); False, changing nothing, where
+    a constant has no value per column."""
+    product = target.product
     if product.op == "Gemm":
         product.attrs = {**product.attrs, "alpha": float(product.attrs.get("alpha", 1.0)) * factor,
                          "beta": float(product.attrs.get("beta", 1.0)) * factor}
-        return
+        return True
+    slots = [(product, 1)]
     if product.op == "Add":
         ins = graph.inputs_of(product.name)
         bias_slot = 1 if _biased_product(graph, ins[0], ins[1]) else 0
-        _scale_constant(graph, product, bias_slot, factor)
-        product = graph.node(ins[1 - bias_slot].node)  # type: ignore[union-attr]
-    _scale_constant(graph, product, 1, factor)
+        slots = [(product, bias_slot), (graph.node(ins[1 - bias_slot].node), 1)]  # type: ignore[union-attr]
+    values = [graph.inputs_of(node.name)[slot] for node, slot in slots]
+    scaled = [_times(graph.constant_value(v), factor, target.columns) for v in values]  # type: ignore[arg-type]
+    if any(s is None for s in scaled):
+        return False
+    for (node, slot), value, new in zip(slots, values, scaled):
+        name = f"{graph.value_name(value)}_scaled"  # type: ignore[arg-type]
+        graph.set_input(node.name, slot, graph.add_constant(new, name=name))  # type: ignore[arg-type]
+    return True
 
 
 def _fold_scales(graph: Graph) -> PassResult:
@@ -92,10 +149,9 @@ def _fold_scales(graph: Graph) -> PassResult:
             factor = _scalar(graph, other)
             if factor is None or operand is None or graph.type_of(operand) != mul.outputs[0]:
                 continue
-            product = _product(graph, operand)
-            if product is None:
+            target = _scaled(graph, operand)
+            if target is None or not _fold(graph, target, factor):
                 continue
-            _fold(graph, product, factor)
             graph.replace_all_uses(Value(mul.name), operand)
             graph.remove_node(mul.name)
             modified = True

@@ -85,3 +85,22 @@ def test_a_dequantized_weight_keeps_its_integers_and_its_scale_stays():
     np.testing.assert_allclose(tilefold.compile(g)({"x": x})["y"], (x @ (q * np.float32(0.02))) * np.float32(0.35),
                                rtol=1e-5, atol=1e-5)
     assert [n.op for n in g.nodes() if n.op == "Mul"] == ["Mul"]
+
+
+@pytest.mark.parametrize("axis", [-1, 0])
+def test_the_scaled_pieces_of_a_fused_projection_scale_their_columns(axis):
+    """GPT-2's fused query, key and value: one Linear layer split into three; the query and the
+    key are scaled, so their columns of the weight and bias are. A split across rows (axis 0)
+    is not a set of columns: its scales stay."""
+    node = helper.make_node
+    nodes = [node("MatMul", ["x", "w"], ["hw"]), node("Add", ["hw", "b"], ["h"]),
+             node("Split", ["h"], ["q", "k", "v"], axis=axis, num_outputs=3),
+             node("Mul", ["q", "s"], ["qs"]), node("Mul", ["s", "k"], ["ks"])]
+    weights = {"w": (RNG.standard_normal((D, 3 * D)) * 0.3).astype(np.float32),
+               "b": RNG.standard_normal(3 * D).astype(np.float32), "s": np.float32(0.42)}
+    graph = helper.make_graph(nodes, "fused", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3 * T, D])],
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("qs", "ks", "v")],
+                              [numpy_helper.from_array(a, n) for n, a in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    g = _check(model, {"x": RNG.standard_normal((3 * T, D)).astype(np.float32)})
+    assert len([n for n in g.nodes() if n.op == "Mul"]) == (0 if axis == -1 else 2)
