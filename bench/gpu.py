@@ -8,7 +8,8 @@ is faster).
 2. End to end: ResNet-50 and BERT-base (bench/models.py exports), optimized for the gpu target
    and run by `TritonExecutable(device="cuda")`, against eager PyTorch and `torch.compile`
    (inductor) on the same inputs; outputs copied to the host on both sides. Also printed: the
-   compile times, the largest error against eager, and the GPU's busy time in one run.
+   compile times, the largest error against eager, the GPU's busy time in one run, and the
+   kernels alone launched from Python and replayed as one CUDA graph (what launching costs).
 
 Float32 matmuls use IEEE precision on both sides (TF32 off) unless --tf32.
 
@@ -194,6 +195,27 @@ def _busy(name: str, fn: Callable[[], Any], wall: float) -> None:
           + ", ".join(f"{k[:40]} {v / 1e3:.3f} ms" for k, v in top), flush=True)
 
 
+def _replayed(name: str, graph: Any, feeds: dict[str, Any], tf32: bool, repeat: int) -> None:
+    """The model's kernels alone (no input copies, no output to the host), launched from Python
+    and replayed as one captured CUDA graph: what launching costs, and what capturing a run
+    would save (a measurement for the executor's launch path; the executor does not capture)."""
+    import torch
+
+    kernels = _kernels(graph, feeds, tf32, "cuda")
+    launched = _time(kernels, repeat)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        kernels()
+    torch.cuda.current_stream().wait_stream(side)
+    captured = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(captured):
+        kernels()
+    replayed = _time(captured.replay, repeat)
+    print(f"  {name}: its kernels alone, launched from Python {launched * 1e3:.3f} ms, "
+          f"replayed as one CUDA graph {replayed * 1e3:.3f} ms", flush=True)
+
+
 def bench_models(repeat: int, tf32: bool, inductor: bool = True) -> list[str]:
     """End to end against eager and inductor, with each side's first-call (compile) time and
     tilefold's largest error against eager; returns the models that failed."""
@@ -235,10 +257,13 @@ def bench_models(repeat: int, tf32: bool, inductor: bool = True) -> list[str]:
         print(f"  {name}: largest error against eager, relative to its largest output: "
               f"{_max_error(first, forward(module)):.2e}")
         _row(f"{name} (optimized for gpu)", ours, _time(lambda: forward(module), repeat), "eager")
-        print(f"  {len(exe.steps)} steps, NumPy fallback nodes: {len(exe.fallback_nodes)}, "
+        launches = sum(step.plan is not None for step in exe.steps)
+        print(f"  {len(exe.steps)} steps ({launches} kernel launches), "
+              f"NumPy fallback nodes: {len(exe.fallback_nodes)}, "
               f"transfers per run: {exe.transfers // (repeat + 2)}", flush=True)
         measured.append((name, module, ours, forward))
         _guarded(f"{name} profile", lambda: _busy(name, lambda: exe(dev_feeds), ours), failures)
+        _guarded(f"{name} CUDA graph", lambda: _replayed(name, graph, dev_feeds, tf32, repeat), failures)
 
     def compiled(name: str, module: Any, ours: float, forward: Callable[[Any], Any]) -> None:
         compiled_module = torch.compile(module)
