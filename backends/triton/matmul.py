@@ -77,15 +77,18 @@ def defaults(graph: Graph, nodes: list[Node], target: GpuTarget) -> dict[str, An
     """Blocks from the shapes (`filling_blocks`: up to 128 x 128, smaller where the grid would
     leave the GPU idle), BLOCK_K two tiles for 4-byte types, four for 2-byte ones."""
     s = sizes(graph, nodes[0])
-    batch_shape, _ = _batch(nodes[0].outputs[0])
-    count = int(np.prod(batch_shape, dtype=np.int64)) if batch_shape else 1
-    bm, bn = filling_blocks(s["m"], s["n"], count, target)
+    bm, bn = filling_blocks(s["m"], s["n"], _matrices(nodes[0].outputs[0]), target)
     tile = target.block
     itemsize = nodes[0].outputs[0].dtype.itemsize
     bk = min(max(tile, next_pow2(s["k"])), tile * (2 if itemsize >= 4 else 4))
     warps = 8 if bm * bn >= 128 * 128 else 4
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "num_warps": warps, "num_stages": 3,
             "input_precision": "ieee"}
+
+
+def _matrices(out: TensorType) -> int:
+    """How many matrices the batch dims of `out` hold: the grid's second axis."""
+    return int(np.prod(_batch(out)[0], dtype=np.int64))
 
 
 def _batch(out: TensorType) -> tuple[list[int], list[str]]:
@@ -179,11 +182,9 @@ def _gemm_epilogue(graph: Graph, node: Node, values: list[Value | None], load: L
 
 
 def grid(graph: Graph, nodes: list[Node], config: dict[str, Any]) -> tuple[int, ...]:
-    s = sizes(graph, nodes[0])
-    batch_shape, _ = _batch(nodes[0].outputs[0])
-    count = int(np.prod(batch_shape, dtype=np.int64)) if batch_shape else 1
+    s, out = sizes(graph, nodes[0]), nodes[0].outputs[0]
     cells = -(-s["m"] // config["BLOCK_M"]) * -(-s["n"] // config["BLOCK_N"])
-    return (cells, count) if batch_shape else (cells,)
+    return (cells, _matrices(out)) if out.rank > 2 else (cells,)
 
 
 def constexprs(config: dict[str, Any]) -> dict[str, Any]:

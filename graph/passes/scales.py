@@ -29,10 +29,12 @@ _SHAPE_ONLY = RESHAPES | {"Transpose"}
 
 @dataclass
 class _Scaled:
-    """What a scale folds into: a MatMul, bias Add or Gemm, and the columns (features) of its
-    result that the scaled value holds (None: all of them)."""
+    """What a scale folds into: the (node, input slot) of each constant to scale (a MatMul's
+    weight, and a bias Add's bias), or a Gemm whose alpha and beta scale instead; and the
+    columns (features) of the result that the scaled value holds (None: all of them)."""
 
-    product: Node
+    constants: list[tuple[Node, int]]
+    gemm: Node | None = None
     columns: slice | None = None
 
 
@@ -43,7 +45,8 @@ def _scalar(graph: Graph, value: Value | None) -> float | None:
         return None
     if isinstance(const, Splat):
         return float(const.value)
-    return float(as_array(const).ravel()[0]) if as_array(const).size == 1 else None
+    array = as_array(const)
+    return float(array.ravel()[0]) if array.size == 1 else None
 
 
 def _float_weight(graph: Graph, value: Value | None) -> bool:
@@ -89,11 +92,15 @@ def _scaled(graph: Graph, value: Value) -> _Scaled | None:
     if len(node.outputs) != 1:
         return None
     ins = graph.inputs_of(node.name)
-    if node.op == "Add" and any(_biased_product(graph, m, b) for m, b in ((ins[0], ins[1]), (ins[1], ins[0]))):
-        return _Scaled(node, columns)
+    if node.op == "Add":
+        for bias_slot in (1, 0):
+            matmul = ins[1 - bias_slot]
+            if matmul is not None and _biased_product(graph, matmul, ins[bias_slot]):
+                return _Scaled([(node, bias_slot), (graph.node(matmul.node), 1)], columns=columns)
+        return None
     if node.op == "MatMul" and _float_weight(graph, ins[1]):
-        return _Scaled(node, columns)
-    return _Scaled(node) if node.op == "Gemm" and columns is None else None
+        return _Scaled([(node, 1)], columns=columns)
+    return _Scaled([], gemm=node) if node.op == "Gemm" and columns is None else None
 
 
 def _biased_product(graph: Graph, matmul: Value | None, bias: Value | None) -> bool:
@@ -119,21 +126,16 @@ def _times(const: ConstValue, factor: float, columns: slice | None) -> ConstValu
 def _fold(graph: Graph, target: _Scaled, factor: float) -> bool:
     """Scale the target's weights (or a Gemm's alpha and beta); False, changing nothing, where
     a constant has no value per column."""
-    product = target.product
-    if product.op == "Gemm":
-        product.attrs = {**product.attrs, "alpha": float(product.attrs.get("alpha", 1.0)) * factor,
-                         "beta": float(product.attrs.get("beta", 1.0)) * factor}
+    gemm = target.gemm
+    if gemm is not None:
+        gemm.attrs = {**gemm.attrs, "alpha": float(gemm.attrs.get("alpha", 1.0)) * factor,
+                      "beta": float(gemm.attrs.get("beta", 1.0)) * factor}
         return True
-    slots = [(product, 1)]
-    if product.op == "Add":
-        ins = graph.inputs_of(product.name)
-        bias_slot = 1 if _biased_product(graph, ins[0], ins[1]) else 0
-        slots = [(product, bias_slot), (graph.node(ins[1 - bias_slot].node), 1)]  # type: ignore[union-attr]
-    values = [graph.inputs_of(node.name)[slot] for node, slot in slots]
+    values = [graph.inputs_of(node.name)[slot] for node, slot in target.constants]
     scaled = [_times(graph.constant_value(v), factor, target.columns) for v in values]  # type: ignore[arg-type]
     if any(s is None for s in scaled):
         return False
-    for (node, slot), value, new in zip(slots, values, scaled):
+    for (node, slot), value, new in zip(target.constants, values, scaled):
         name = f"{graph.value_name(value)}_scaled"  # type: ignore[arg-type]
         graph.set_input(node.name, slot, graph.add_constant(new, name=name))  # type: ignore[arg-type]
     return True
