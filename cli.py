@@ -142,6 +142,8 @@ def cmd_run(args: argparse.Namespace, console: Console) -> int:
         f"load {1e3 * (t1 - t0):.1f} ms, compile {1e3 * (t2 - t1):.1f} ms, "
         f"run {1e3 * statistics.median(times):.2f} ms (median of {len(times)})"
     )
+    if getattr(exe, "launch_path", None):
+        console.print(f"kernel launches: {exe.launch_path}")
     reference_nodes = [n for n in exe.fallback_nodes if exe.graph.node(n).op == "OnnxReference"]
     if reference_nodes:
         console.print(f"[yellow]{len(reference_nodes)} node(s) ran through onnx.reference (no tilefold "

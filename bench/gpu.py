@@ -9,7 +9,8 @@ is faster).
    and run by `TritonExecutable(device="cuda")`, against eager PyTorch and `torch.compile`
    (inductor) on the same inputs; outputs copied to the host on both sides. Also printed: the
    compile times, the largest error against eager, the GPU's busy time in one run, and the
-   kernels alone launched from Python and replayed as one CUDA graph (what launching costs).
+   run launched step by step from Python (`replay=False`) beside the default, which replays
+   each later run as one CUDA graph (backends/triton/replay.py): what launching costs.
 
 Float32 matmuls use IEEE precision on both sides (TF32 off) unless --tf32.
 
@@ -195,27 +196,6 @@ def _busy(name: str, fn: Callable[[], Any], wall: float) -> None:
           + ", ".join(f"{k[:40]} {v / 1e3:.3f} ms" for k, v in top), flush=True)
 
 
-def _replayed(name: str, graph: Any, feeds: dict[str, Any], tf32: bool, repeat: int) -> None:
-    """The model's kernels alone (no input copies, no output to the host), launched from Python
-    and replayed as one captured CUDA graph: what launching costs, and what capturing a run
-    would save (a measurement for the executor's launch path; the executor does not capture)."""
-    import torch
-
-    kernels = _kernels(graph, feeds, tf32, "cuda")
-    launched = _time(kernels, repeat)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        kernels()
-    torch.cuda.current_stream().wait_stream(side)
-    captured = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(captured):
-        kernels()
-    replayed = _time(captured.replay, repeat)
-    print(f"  {name}: its kernels alone, launched from Python {launched * 1e3:.3f} ms, "
-          f"replayed as one CUDA graph {replayed * 1e3:.3f} ms", flush=True)
-
-
 def bench_models(repeat: int, tf32: bool, inductor: bool = True) -> list[str]:
     """End to end against eager and inductor, with each side's first-call (compile) time and
     tilefold's largest error against eager; returns the models that failed."""
@@ -247,6 +227,11 @@ def bench_models(repeat: int, tf32: bool, inductor: bool = True) -> list[str]:
         print(f"  {name}: export {exported - start:.1f} s, optimize {optimized - exported:.1f} s, "
               f"first run (kernel compiles) {compiled - optimized:.1f} s", flush=True)
         ours = _time(lambda: exe(dev_feeds), repeat)
+        stepped = TritonExecutable(_tf32(graph) if tf32 else graph, device="cuda", replay=False)
+        stepped(dev_feeds)
+        by_step = _time(lambda: stepped(dev_feeds), repeat)
+        print(f"  {name}: launched {exe.launch_path}: {ours * 1e3:.3f} ms; step by step from Python "
+              f"(replay=False): {by_step * 1e3:.3f} ms", flush=True)
 
         def forward(fn: Any) -> Any:
             with torch.no_grad():
@@ -262,8 +247,7 @@ def bench_models(repeat: int, tf32: bool, inductor: bool = True) -> list[str]:
               f"NumPy fallback nodes: {len(exe.fallback_nodes)}, "
               f"transfers per run: {exe.transfers // (repeat + 2)}", flush=True)
         measured.append((name, module, ours, forward))
-        _guarded(f"{name} profile", lambda: _busy(name, lambda: exe(dev_feeds), ours), failures)
-        _guarded(f"{name} CUDA graph", lambda: _replayed(name, graph, dev_feeds, tf32, repeat), failures)
+        _guarded(f"{name} profile", lambda: _busy(name, lambda: stepped(dev_feeds), by_step), failures)
 
     def compiled(name: str, module: Any, ours: float, forward: Callable[[Any], Any]) -> None:
         compiled_module = torch.compile(module)

@@ -45,7 +45,12 @@ Memory, per Triton device:
 - `check_arena` recounts, from the steps alone, which buffers are live at each step and checks
   that no two of them share arena bytes (a debug check the tests run).
 
-An executable runs one call at a time (its arenas are shared by every call).
+Launching. The first run goes step by step and is recorded; later runs replay the record
+(replay.py): on a GPU each stretch of consecutive kernels is one captured CUDA graph, and the
+steps between them (host nodes, transfers) run as they are. `replay=False`, a schedule over
+several Triton devices, or `keep` (autotuning) runs step by step; `launch_path` says which.
+
+An executable runs one call at a time (its arenas and its record are shared by every call).
 
 Host steps (nodes placed on `cpu`, transfers to `cpu`) keep NumPy allocation: NumPy kernels
 return fresh arrays rather than writing into a given buffer, so planning them would only add a
@@ -76,6 +81,7 @@ from .fusion import Group
 from .indexing import physical_shape
 from .launch import config as launch_config, kernel_groups, verify_launch
 from .listing import KernelListing, ListedKernel
+from .replay import Record, Segment, why_not
 from .specialize import specialize
 from .templates import TEMPLATES, static_result
 
@@ -214,7 +220,7 @@ class TritonExecutable:
     debugging: it must plan this graph's schedule, `schedule` and `views`)."""
 
     def __init__(self, graph: Graph, *, device: str = "cuda", fuse: bool = True, verify: bool = True,
-                 allow_fallback: bool = True, memory: MemoryPlan | None = None) -> None:
+                 allow_fallback: bool = True, memory: MemoryPlan | None = None, replay: bool = True) -> None:
         self.graph = graph
         default = triton_device(device)
         self.device = default.name
@@ -233,7 +239,9 @@ class TritonExecutable:
         self.schedule: list[list[str]] = []
         self.views: set[str] = set()
         self.memory: MemoryPlan | None = None
-        self._options = {"fuse": fuse, "verify": verify, "allow_fallback": allow_fallback}
+        self._options = {"fuse": fuse, "verify": verify, "allow_fallback": allow_fallback, "replay": replay}
+        self._record: Record | None = None
+        self.replay_blocked: str | None = None if replay else "replay=False"
         self._variants: dict[tuple, TritonExecutable] | None = None
         if not all(t.is_static for t in graph.input_types().values()):
             self._variants = {}  # symbolic dims: one specialization (and plan) per set of input shapes
@@ -289,6 +297,17 @@ class TritonExecutable:
         for v, i in last.items():
             if v not in keep:
                 self.steps[i].frees.append(v)
+        self.replay_blocked = self.replay_blocked or why_not(self.devices)
+
+    @property
+    def launch_path(self) -> str:
+        """How a run launches its kernels (replay.py): one CUDA graph, recorded launches, or
+        step by step and why."""
+        if self.replay_blocked is not None:
+            return f"step by step ({self.replay_blocked})"
+        if self._record is None:
+            return "step by step on the first run, which is recorded for the later runs"
+        return self._record.describe()
 
     def _node_device(self, node: Node) -> str:
         """Where a node runs: `cpu` (the host), or a Triton device (registered on first use)."""
@@ -474,8 +493,9 @@ class TritonExecutable:
         return x
 
     def _count(self, x: Any) -> Any:
+        """Count `x` (a tensor or an array) as one transfer of its bytes."""
         self.transfers += 1
-        self.transfer_bytes += int(x.numel()) * int(x.element_size())
+        self.transfer_bytes += int(x.numel()) * int(x.element_size()) if _is_tensor(x) else int(np.asarray(x).nbytes)
         return x
 
     # ---- run -----------------------------------------------------------------------------------
@@ -484,7 +504,8 @@ class TritonExecutable:
 
     def run(self, feeds: Mapping[str, Any], *, keep: dict[Value, Any] | None = None) -> dict[str, np.ndarray]:
         """Run once; `keep`, when given, receives every buffer (for autotuning and tests: arena
-        views, overwritten as the plan reuses their bytes)."""
+        views, overwritten as the plan reuses their bytes) and runs step by step. Without it, a
+        replayable executable records its first run and replays the record after (replay.py)."""
         buffers = self._bind(feeds)
         if self._variants is not None:
             key = tuple(tuple(buffers[v].shape) for v in self._inputs.values())
@@ -497,20 +518,45 @@ class TritonExecutable:
             self.steps, self.fallback_nodes = inner.steps, inner.fallback_nodes
             self.schedule, self.views, self.memory, self.devices = inner.schedule, inner.views, inner.memory, inner.devices
             self.transfers, self.transfer_bytes = inner.transfers, inner.transfer_bytes
+            self.replay_blocked, self._record = inner.replay_blocked, inner._record
             return outputs
+        record = None
+        if keep is None and self.replay_blocked is None:
+            if self._record is not None:
+                return self._replay(self._record, buffers)
+            (device,) = self.devices.values()
+            record = Record(device)
+            record.start(list(self._inputs.values()))
+        self._execute(buffers, keep, record)
+        self._check_flags()
+        outputs = self._collect(buffers)
+        if record is not None:
+            record.finish()
+            self._record = record
+        return outputs
+
+    def _execute(self, buffers: dict[Value, Any], keep: dict[Value, Any] | None, record: Record | None) -> None:
+        """Every step in schedule order on `buffers` (the bound inputs; results are added, freed
+        values dropped); `record`, when given, records the run (replay.py)."""
         moved: dict[tuple[Value, str], Any] = {}
         for device in self.devices.values():
             if device.flag_words is not None:
                 device.flag_words.zero_()
         for step in self.steps:
+            if record is not None and _reads_device_copies(step):
+                for v in step.ins:
+                    if record.per_run(v) and (v, step.device) not in moved:
+                        moved[v, step.device] = self._fill(self._new_buffer(buffers[v], step.device), buffers[v])
+                        record.fill(v, moved[v, step.device])
             args = [self._arg(step, v, buffers, moved) for v in step.ins]
-            try:
-                results = step.run(args)
-            except TilefoldError:
-                raise
-            except Exception as exc:
-                raise TilefoldError(f"{where(step.group.anchor)} failed at run time: {type(exc).__name__}: "
-                                    f"{' '.join(str(exc).split())[:300]}") from exc
+            results = self._run_step(step, args)
+            if record is not None:
+                if step.plan is not None:
+                    record.launch(step, args)
+                if step.plan is not None or step.group.kind in ("view", "static"):
+                    record.fixed.update(zip(step.outs, results))
+                else:
+                    record.rerun(step, host=step.device == HOST)
             for v, r in zip(step.outs, results):
                 buffers[v] = r
             if keep is not None:
@@ -520,7 +566,38 @@ class TritonExecutable:
                 buffers.pop(v, None)
                 for device in self.devices:
                     moved.pop((v, device), None)
+
+    def _replay(self, record: Record, buffers: dict[Value, Any]) -> dict[str, np.ndarray]:
+        """A run through the record of the first: fills, segments and reruns in order."""
+        for device in self.devices.values():
+            if device.flag_words is not None:
+                device.flag_words.zero_()
+        buffers.update(record.fixed)
+        for fill in record.head:
+            self._fill(fill.buffer, buffers[fill.value])
+        for item in record.items:
+            if isinstance(item, Segment):
+                item.replay()
+                continue
+            step = item.step
+            results = self._run_step(step, [self._arg(step, v, buffers, {}) for v in step.ins])
+            buffers.update(zip(step.outs, results))
+            for fill in item.fills:
+                self._fill(fill.buffer, buffers[fill.value])
         self._check_flags()
+        return self._collect(buffers)
+
+    def _run_step(self, step: Step, args: list[Any]) -> list[Any]:
+        try:
+            return step.run(args)
+        except TilefoldError:
+            raise
+        except Exception as exc:
+            raise TilefoldError(f"{where(step.group.anchor)} failed at run time: {type(exc).__name__}: "
+                                f"{' '.join(str(exc).split())[:300]}") from exc
+
+    def _collect(self, buffers: Mapping[Value, Any]) -> dict[str, np.ndarray]:
+        """The named outputs as host arrays (copies: the arena is reused), unpacked."""
         outputs = {}
         for name, v in self._outputs:
             t = self.graph.type_of(v)
@@ -528,7 +605,7 @@ class TritonExecutable:
                 array = np.array(as_array(self._consts[v]))
             else:
                 x = buffers[v]
-                array = self._host(x) if _is_tensor(x) else np.array(x)  # a copy: the arena is reused
+                array = self._host(x) if _is_tensor(x) else np.array(x)
             if t.encoding is not None:
                 array = unpack(array, t.encoding, tuple(int(d) for d in t.shape))
             outputs[name] = array
@@ -561,10 +638,23 @@ class TritonExecutable:
                 raise InputError(f"missing input {name!r}; the model's inputs are {sorted(self._inputs)}")
             x = feeds[name]
             is_tensor = hasattr(x, "detach")
-            x = x.detach() if is_tensor else np.asarray(x)
+            x = x.detach().contiguous() if is_tensor else np.asarray(x)  # kernels address dense buffers
             check_input(name, _Meta(tuple(x.shape), _numpy_dtype(x.dtype)) if is_tensor else x, types[name], symbols)
             buffers[value] = x
         return buffers
+
+    def _new_buffer(self, x: Any, device: str) -> Any:
+        """An empty contiguous buffer on `device` for a copy of `x` (a tensor or an array)."""
+        import torch
+
+        dtype = x.dtype if _is_tensor(x) else _torch_dtype(np.asarray(x).dtype)
+        return torch.empty(tuple(x.shape), dtype=dtype, device=self.devices[device].torch_device)
+
+    def _fill(self, buffer: Any, x: Any) -> Any:
+        """Copy `x` into `buffer` (a counted transfer where `x` is on another device); returns it."""
+        if not (_is_tensor(x) and x.device == buffer.device):
+            self._count(x)
+        return _write(buffer, x)
 
     def _arg(self, step: Step, v: Value, buffers: dict[Value, Any], moved: dict[tuple[Value, str], Any]) -> Any:
         if v in self._consts:
@@ -572,11 +662,17 @@ class TritonExecutable:
                 return as_array(self._consts[v])
             return self._device_consts[step.device, v]
         x = buffers[v]
-        if step.plan is None:
+        if not _reads_device_copies(step):
             return x
         if (v, step.device) not in moved:  # a host value a kernel reads: moved once per device and run
             moved[v, step.device] = self._to_device(x, step.device)
         return moved[v, step.device]
+
+
+def _reads_device_copies(step: Step) -> bool:
+    """Whether a step reads its operands on its Triton device (a kernel, a view), where host
+    values are moved to it once per run."""
+    return step.device != HOST and (step.plan is not None or step.group.kind == "view")
 
 
 def _pad_value(t: TensorType) -> float | None:
