@@ -12,9 +12,12 @@ is faster).
    run launched step by step from Python (`replay=False`) beside the default, which replays
    each later run as one CUDA graph (backends/triton/replay.py): what launching costs.
 
-Float32 matmuls use IEEE precision on both sides (TF32 off) unless --tf32.
+Float32 matmuls use IEEE precision on both sides (TF32 off) unless --tf32. `--dtype float16`
+or `bfloat16` runs the templates on operands of that type (tilefold accumulates in float32,
+as cuBLAS does); the models stay float32.
 
-    python -m tilefold.bench.gpu [--skip-templates] [--skip-models] [--skip-inductor] [--tf32] [--repeat 20]
+    python -m tilefold.bench.gpu [--skip-templates] [--skip-models] [--skip-inductor] [--tf32]
+                                 [--dtype float32|float16|bfloat16] [--repeat 20]
 
 Runs only where CUDA is present; elsewhere it prints one line and exits with status 0
 (`--device interp` runs the template part on tiny shapes under the interpreter, to check it).
@@ -108,21 +111,37 @@ def _guarded(name: str, case: Callable[[], None], failures: list[str]) -> None:
         print(f"FAILED {name}: {type(error).__name__}: {first[0] if first else ''}", flush=True)
 
 
-def bench_templates(repeat: int, tf32: bool, device: str = "cuda") -> list[str]:
-    """Prints one row per template and shape; returns the cases that failed."""
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _numpy_dtype(name: str) -> Any:
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return np.dtype(name)
+
+
+def bench_templates(repeat: int, tf32: bool, device: str = "cuda", dtype: str = "float32") -> list[str]:
+    """Prints one row per template and shape, operands of `dtype` on both sides (tilefold
+    accumulates float16 and bfloat16 in float32); returns the cases that failed."""
     import torch
 
     rng = np.random.default_rng(0)
     dev = torch.device("cpu" if device == "interp" else device)
+    kind = _numpy_dtype(dtype)
+
+    def data(*shape: int, scale: float = 1.0) -> tuple[np.ndarray, Any]:
+        """Random operands of `dtype`, as an array and as a tensor on the device (the same values)."""
+        array = (rng.standard_normal(shape) * scale).astype(np.float32).astype(kind)
+        return array, torch.from_numpy(array.astype(np.float32)).to(dev, getattr(torch, dtype))
     smoke = device == "interp"
     failures: list[str] = []
     print("== templates (ratio = peer time / tilefold time) ==")
 
     def matmul(m: int, k: int, n: int) -> None:
-        a = rng.standard_normal((m, k)).astype(np.float32)
-        w = rng.standard_normal((k, n)).astype(np.float32)
-        a_dev = torch.from_numpy(a).to(dev)
-        w_dev = torch.from_numpy(w).to(dev)
+        a, a_dev = data(m, k)
+        w, w_dev = data(k, n)
         peer = _time(lambda: torch.matmul(a_dev, w_dev), repeat)
         variants = {
             "packed 16x16 weight": lambda: _one_node("MatMul", [("a", a, False), ("w", w, True)], {}, "gpu"),
@@ -136,29 +155,26 @@ def bench_templates(repeat: int, tf32: bool, device: str = "cuda") -> list[str]:
                                         peer, "cuBLAS"), failures)
 
     def conv(batch: int, c: int, h: int, wd: int, f: int, k: int, s: int) -> None:
-        x = rng.standard_normal((batch, c, h, wd)).astype(np.float32)
-        w = (rng.standard_normal((f, c, k, k)) * 0.05).astype(np.float32)
+        x, x_dev = data(batch, c, h, wd)
+        w, w_dev = data(f, c, k, k, scale=0.05)
         attrs = {"strides": (s, s), "pads": (k // 2,) * 4}
         graph = _one_node("Conv", [("x", x, False), ("w", w, True)], attrs, "gpu")
-        x_dev, w_dev = torch.from_numpy(x).to(dev), torch.from_numpy(w).to(dev)
         peer = _time(lambda: torch.nn.functional.conv2d(x_dev, w_dev, stride=s, padding=k // 2), repeat)
         _row(f"conv {batch}x{c}x{h}x{wd} -> {f} k{k} s{s} (incl. NCHWc16 pack/unpack)",
              _time(_kernels(graph, {"x": x_dev}, tf32, device), repeat), peer, "cuDNN")
 
     def softmax(rows: int, cols: int) -> None:
-        x = rng.standard_normal((rows, cols)).astype(np.float32)
-        x_dev = torch.from_numpy(x).to(dev)
+        x, x_dev = data(rows, cols)
         kernels = _kernels(_one_node("Softmax", [("x", x, False)], {"axis": -1}, None), {"x": x_dev}, tf32, device)
         _row(f"softmax {rows}x{cols}", _time(kernels, repeat), _time(lambda: torch.softmax(x_dev, -1), repeat), "torch")
 
     def layer_norm(rows: int, cols: int) -> None:
-        x = rng.standard_normal((rows, cols)).astype(np.float32)
-        x_dev = torch.from_numpy(x).to(dev)
-        gamma = rng.uniform(0.5, 1.5, cols).astype(np.float32)
-        beta = rng.standard_normal(cols).astype(np.float32)
+        x, x_dev = data(rows, cols)
+        gamma = (1 + rng.uniform(-0.5, 0.5, cols)).astype(np.float32).astype(kind)
+        beta, b_dev = data(cols)
         norm = _kernels(_one_node("LayerNormalization", [("x", x, False), ("g", gamma, True), ("b", beta, True)],
                                   {"axis": -1}, None), {"x": x_dev}, tf32, device)
-        g_dev, b_dev = torch.from_numpy(gamma).to(dev), torch.from_numpy(beta).to(dev)
+        g_dev = torch.from_numpy(gamma.astype(np.float32)).to(dev, getattr(torch, dtype))
         _row(f"layer norm {rows}x{cols}", _time(norm, repeat),
              _time(lambda: torch.nn.functional.layer_norm(x_dev, (cols,), g_dev, b_dev), repeat), "torch")
 
@@ -271,6 +287,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-templates", action="store_true")
     parser.add_argument("--skip-inductor", action="store_true", help="end to end against eager PyTorch only")
     parser.add_argument("--tf32", action="store_true", help="let both sides use TF32 for float32 matmuls")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES,
+                        help="the templates' operands (the models stay float32)")
     parser.add_argument("--device", default="cuda", choices=("cuda", "interp"),
                         help="interp: tiny shapes under Triton's interpreter, to check the script (no timing value)")
     args = parser.parse_args(argv)
@@ -281,14 +299,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.device == "interp":
         print("device: Triton interpreter on the CPU (smoke run: tiny shapes, times mean nothing)")
-        return 1 if bench_templates(1, args.tf32, "interp") else 0
+        return 1 if bench_templates(1, args.tf32, "interp", args.dtype) else 0
     if not torch.cuda.is_available():
         print("bench/gpu.py: no CUDA GPU on this machine; nothing measured (the Triton tests run on 'interp')")
         return 0
     torch.backends.cuda.matmul.allow_tf32 = args.tf32
     torch.backends.cudnn.allow_tf32 = args.tf32
-    print(f"device: {torch.cuda.get_device_name()}, float32, TF32 {'on' if args.tf32 else 'off'}")
-    failures = [] if args.skip_templates else bench_templates(args.repeat, args.tf32)
+    print(f"device: {torch.cuda.get_device_name()}, templates in {args.dtype}, TF32 {'on' if args.tf32 else 'off'}")
+    failures = [] if args.skip_templates else bench_templates(args.repeat, args.tf32, dtype=args.dtype)
     if not args.skip_models:
         failures += bench_models(args.repeat, args.tf32, inductor=not args.skip_inductor)
     if failures:

@@ -27,10 +27,12 @@ from tilefold.backends.triton import TritonExecutable
 from tilefold.bench.models import mlp_model
 from tilefold.frontends.onnx import load_onnx
 graph = tilefold.optimize(load_onnx(mlp_model(batch=5, sizes=(40, 72, 24))), "gpu").graph
-x = {"x": np.random.default_rng(0).standard_normal((5, 40)).astype(np.float32)}
 exe = TritonExecutable(graph, device="cuda")
-got, want = exe(x)["y"], NumpyExecutable(graph)(x)["y"]
-print("preflight: MLP on cuda, fallback nodes", exe.fallback_nodes, "max abs error", float(np.abs(got - want).max()))
+for seed in range(3):  # recorded, then replayed (a captured CUDA graph) on fresh inputs
+    x = {"x": np.random.default_rng(seed).standard_normal((5, 40)).astype(np.float32)}
+    got, want = exe(x)["y"], NumpyExecutable(graph)(x)["y"]
+    print("preflight: MLP on cuda, fallback nodes", exe.fallback_nodes, "max abs error",
+          float(np.abs(got - want).max()), "launches:", exe.launch_path)
 PY
 [ "${PIPESTATUS[0]}" = 0 ] || { echo "preflight failed: the backend does not run on this GPU"; exit 1; }
 per_test=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout 120")  # a hung kernel fails its test alone

@@ -14,8 +14,9 @@ def test_without_cuda_one_line_and_status_zero(capsys):
     assert out.count("\n") == 1 and "no CUDA GPU" in out
 
 
-def test_template_benchmarks_run_under_the_interpreter(capsys):
-    assert gpu.main(["--device", "interp"]) == 0
+@pytest.mark.parametrize("dtype", gpu.DTYPES)
+def test_template_benchmarks_run_under_the_interpreter(capsys, dtype):
+    assert gpu.main(["--device", "interp", "--dtype", dtype]) == 0
     out = capsys.readouterr().out
     for row in ("packed 16x16 weight", "row-major (K, N) weight", "row-major transposed (N, K) weight",
                 "conv", "softmax", "layer norm"):
