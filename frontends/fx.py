@@ -13,8 +13,10 @@
 4. The outputs are the graph's outputs `output_0, ...`; a non-tensor output (None, a
    number) is kept in `graph.meta["fx_outputs"]` so that a runner can rebuild the tuple.
 
-`unsupported_nodes(gm)` says, per node, why a rule cannot take it (no rule, dtype, device,
-symbolic shape, an attribute): the backend partitions the graph on it.
+`unsupported_nodes(gm, devices)` says, per node, why a rule cannot take it (no rule, dtype, a
+tensor on a device the backend does not run, symbolic shape, an attribute): the backend
+partitions the graph on it. Frozen tensors on a GPU are copied to the host as constants (the
+Triton executor moves its constants to its device once).
 """
 from __future__ import annotations
 
@@ -33,12 +35,15 @@ from .fx_ops import RULES, SUPPORTED_OPS
 from .fx_ops_nn import RESAMPLING
 
 OUTPUT_PREFIX = "output_"
+HOST_TENSORS = frozenset({"cpu"})
+"""The torch device types whose tensors the NumPy backend (and the interpreter) runs on."""
 
 
 def graph_from_fx(gm: torch.fx.GraphModule, frozen: Mapping[str, torch.Tensor] | None = None,
-                  name: str = "torch") -> Graph:
+                  name: str = "torch", devices: frozenset[str] | None = HOST_TENSORS) -> Graph:
     """The Graph of an ATen-level GraphModule with static shapes; placeholders named in
-    `frozen` become constants holding those tensors (see module docstring)."""
+    `frozen` become constants holding those tensors (see module docstring); tensors must lie
+    on `devices` (torch device types; None: anywhere)."""
     frozen = frozen or {}
     graph = Graph(name)
     emit = Emitter(graph)
@@ -60,7 +65,7 @@ def graph_from_fx(gm: torch.fx.GraphModule, frozen: Mapping[str, torch.Tensor] |
         elif node.op == "get_attr":
             emit.values[node] = emit.constant(numpy_view(_attr(gm, node.target)), name=node.name)
         elif node.op == "call_function":
-            reason = unsupported_reason(node)
+            reason = unsupported_reason(node, devices)
             if reason is not None:
                 error = UnsupportedOpError(f"fx node {node.name!r} ({node.target}): {reason}")
                 error.fx_node = node.name  # type: ignore[attr-defined]
@@ -91,12 +96,13 @@ def graph_from_fx(gm: torch.fx.GraphModule, frozen: Mapping[str, torch.Tensor] |
 
 
 def numpy_view(tensor: torch.Tensor) -> np.ndarray:
-    """A read-only numpy array of a CPU tensor, sharing its memory when it is contiguous."""
+    """A read-only numpy array of a tensor, sharing the memory of a contiguous CPU tensor (a
+    GPU tensor is copied to the host)."""
     array = tensor.detach()
     if not supported_dtype(array.dtype):
         raise UnsupportedOpError(f"a tensor of element type {array.dtype} is not supported by tilefold")
     if array.device.type != "cpu":
-        raise UnsupportedOpError(f"a tensor on {array.device} cannot be frozen: tilefold runs on the CPU")
+        array = array.cpu()
     # np.require, not np.ascontiguousarray: that one makes a 0-d tensor (CLIP's logit_scale) 1-d
     return freeze(np.require(array.resolve_conj().resolve_neg().numpy(), requirements="C"))
 
@@ -115,8 +121,9 @@ def _tensors(value: Any) -> list[Any]:
     return [value] if isinstance(value, torch.Tensor) else []
 
 
-def unsupported_reason(node: torch.fx.Node) -> str | None:
-    """Why tilefold cannot convert this call_function node, or None when it can."""
+def unsupported_reason(node: torch.fx.Node, devices: frozenset[str] | None = HOST_TENSORS) -> str | None:
+    """Why tilefold cannot convert this call_function node for a backend that runs tensors on
+    `devices` (torch device types; None: any), or None when it can."""
     if node.target is operator.getitem:
         return None
     rule = RULES.get(node.target)
@@ -128,7 +135,7 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
     for val in vals:
         if not supported_dtype(val.dtype):
             return f"element type {val.dtype}"
-        if val.device.type != "cpu":
+        if devices is not None and val.device.type not in devices:
             return f"a tensor on {val.device}"
         if any(not isinstance(d, int) for d in val.shape):
             return "a symbolic shape"
@@ -140,12 +147,14 @@ def unsupported_reason(node: torch.fx.Node) -> str | None:
         return f"unexpected arguments ({exc})"
 
 
-def unsupported_nodes(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, str]:
-    """Every call_function node tilefold cannot convert, with the reason."""
+def unsupported_nodes(gm: torch.fx.GraphModule,
+                      devices: frozenset[str] | None = HOST_TENSORS) -> dict[torch.fx.Node, str]:
+    """Every call_function node tilefold cannot convert for a backend that runs tensors on
+    `devices` (see unsupported_reason), with the reason."""
     found = {}
     for node in gm.graph.nodes:
         if node.op == "call_function":
-            reason = unsupported_reason(node)
+            reason = unsupported_reason(node, devices)
             if reason is not None:
                 found[node] = reason
     return found
@@ -210,15 +219,15 @@ def export_aten(module: torch.nn.Module, example_inputs: Sequence[Any]) -> tuple
 
 def from_torch(module: torch.nn.Module, example_inputs: Any, **options: Any) -> Graph:
     """The Graph of `module` for inference on inputs like `example_inputs` (a tensor or a
-    tuple): core ATen, parameters and buffers frozen into constants. The same rules build
-    the graphs `torch.compile(module, backend="tilefold")` runs (before simplification).
-    Options: `name` (the graph's name)."""
+    tuple): core ATen, parameters and buffers frozen into constants (copied to the host from
+    a GPU). The same rules build the graphs `torch.compile(module, backend="tilefold")` runs
+    (before simplification). Options: `name` (the graph's name)."""
     unknown = set(options) - {"name"}
     if unknown:
         raise TypeError(f"from_torch: unknown options {sorted(unknown)}")
     inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
     gm, frozen = export_aten(module, inputs)
-    bad = unsupported_nodes(gm)
+    bad = unsupported_nodes(gm, devices=None)
     if bad:
         node, reason = next(iter(bad.items()))
         ops = sorted({str(n.target) for n in bad})
@@ -226,7 +235,7 @@ def from_torch(module: torch.nn.Module, example_inputs: Any, **options: Any) -> 
             f"{type(module).__name__}: tilefold cannot convert {', '.join(ops)} "
             f"(first: fx node {node.name!r}: {reason}); torch.compile(backend='tilefold') runs such ops eagerly"
         )
-    return graph_from_fx(gm, frozen, name=options.get("name", type(module).__name__))
+    return graph_from_fx(gm, frozen, name=options.get("name", type(module).__name__), devices=None)
 
 
 def tilefold_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:

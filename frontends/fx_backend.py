@@ -1,8 +1,9 @@
 """The `torch.compile` backend "tilefold": dynamo -> aot_autograd (core ATen) -> Graph ->
-layout optimization -> NumPy backend on the CPU.
+layout optimization -> the NumPy backend on the CPU, or the Triton backend on a GPU.
 
     torch.compile(model, backend="tilefold")                       # entry point, target "cpu"
     torch.compile(model, backend="tilefold", options={"target": "gpu", "report": print})
+    torch.compile(model.cuda(), backend="tilefold", options={"device": "cuda"})  # Triton kernels, target "gpu"
     torch.compile(model, backend=tilefold.frontends.fx.backend(target="cpu", report=callback))
 
 This module is the glue between the stages, so it imports tilefold's layout engine and
@@ -24,8 +25,12 @@ NumPy backend (lazily, inside functions); fx.py / fx_ops.py stay frontend-only.
 5. Ops tilefold cannot run: the ATen graph is split with PyTorch's capability-based
    partitioner; supported partitions run on tilefold, the rest eagerly in PyTorch, with one
    warning naming the ops.
-6. Running: inputs as zero-copy numpy views of the torch tensors, outputs back through
-   `torch.from_numpy` (copied only when they alias an input, a constant or another output).
+6. Running, on the NumPy backend (device "cpu"): inputs as zero-copy numpy views of the
+   torch tensors, outputs back through `torch.from_numpy` (copied only when they alias an
+   input, a constant or another output). On a Triton device ("cuda", "cuda:N"; "interp" runs
+   the same kernels through Triton's interpreter on CPU tensors, for testing): the tensors go
+   to the executor as they are, and the outputs come back as new tensors on that device.
+   Tensors on another device than the backend's run eagerly (step 5).
 """
 from __future__ import annotations
 
@@ -41,7 +46,7 @@ import torch.fx
 
 from ..graph.errors import TilefoldError, UnsupportedOpError
 from ..graph.graph import Graph
-from .fx import decompositions, graph_from_fx, unsupported_nodes
+from .fx import HOST_TENSORS, decompositions, graph_from_fx, unsupported_nodes
 from .fx_emit import torch_to_numpy_dtype
 
 MAX_VARIANTS = 8
@@ -60,19 +65,32 @@ class BackendReport:
     optimized: Any  # tilefold.Optimized: .graph, .report (LayoutReport), .before
     fallback: dict[str, str] = field(default_factory=dict)  # ATen op -> why it runs eagerly
     seconds: float = 0.0
+    executable: Any = None  # what runs it: a NumpyExecutable, or a TritonExecutable on a Triton device
 
 
 @dataclass(frozen=True)
 class Options:
-    target: str = "cpu"
+    target: str | None = None  # the device's: "cpu" on the host, "gpu" on a Triton device
     device: str = "cpu"
     report: Callable[[BackendReport], Any] | None = None
 
+    @property
+    def layout_target(self) -> str:
+        return self.target or ("cpu" if self.device == "cpu" else "gpu")
 
-def backend(*, target: str = "cpu", device: str = "cpu",
+    @property
+    def tensor_devices(self) -> frozenset[str]:
+        """The torch device types of the tensors this backend runs (on a GPU also host tensors,
+        such as 0-d constants, which the executor moves to the GPU)."""
+        return HOST_TENSORS | {"cuda"} if self.device.startswith("cuda") else HOST_TENSORS
+
+
+def backend(*, target: str | None = None, device: str = "cpu",
             report: Callable[[BackendReport], Any] | None = None) -> Callable[..., Any]:
-    """A torch.compile backend: layouts for `target` (a registered target name), run on
-    `device` ("cpu": the NumPy backend), `report(BackendReport)` called per compiled graph."""
+    """A torch.compile backend: layouts for `target` (a registered target name; by default
+    the device's), run on `device` ("cpu": the NumPy backend; "cuda", "cuda:N": Triton kernels
+    on that GPU; "interp": the same kernels under Triton's interpreter, for testing),
+    `report(BackendReport)` called per compiled graph."""
     options = Options(target, device, report)
     _check_options(options)
 
@@ -96,12 +114,17 @@ def tilefold_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
 
 
 def _check_options(options: Options) -> None:
+    """One-line errors for an unknown target, an unknown device, a GPU that is not there."""
     from ..layout.targets import get_target
 
     if options.device != "cpu":
-        raise TilefoldError(f"tilefold backend: device {options.device!r} is not available; "
-                            "this version runs compiled graphs on 'cpu' (NumPy)")
-    get_target(options.target)
+        from ..backends.triton.executor import triton_device
+
+        try:
+            triton_device(options.device)
+        except TilefoldError as exc:
+            raise TilefoldError(f"tilefold backend: {exc}; 'cpu' runs the NumPy backend") from None
+    get_target(options.layout_target)
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Options) -> Any:
@@ -191,7 +214,8 @@ def _identity(tensor: Any) -> tuple[int, int, int]:
 def build_variant(gm: torch.fx.GraphModule, frozen: dict[str, torch.Tensor], options: Options
                   ) -> Callable[[list[Any]], Any]:
     """A callable running `gm` (static shapes) with tilefold where it can, eager PyTorch elsewhere."""
-    bad = {node.name: (str(node.target), reason) for node, reason in unsupported_nodes(gm).items()}
+    bad = {node.name: (str(node.target), reason)
+           for node, reason in unsupported_nodes(gm, options.tensor_devices).items()}
     while True:
         try:
             if not bad:
@@ -212,21 +236,31 @@ def _compile(gm: torch.fx.GraphModule, frozen: dict[str, torch.Tensor], options:
     from ..graph.passes.pipeline import simplify
 
     start = time.perf_counter()
-    converted = graph_from_fx(gm, frozen)
+    converted = graph_from_fx(gm, frozen, devices=options.tensor_devices)
     graph = simplify(converted.copy(), evaluate_node)
-    optimized = tilefold.optimize(graph, options.target)
-    executable = NumpyExecutable(optimized.graph, allow_fallback=False, kernels="aten")  # torch is loaded here
+    optimized = tilefold.optimize(graph, options.layout_target)
+    if options.device == "cpu":
+        executable = NumpyExecutable(optimized.graph, allow_fallback=False, kernels="aten")  # torch is loaded here
+    else:
+        from ..backends.triton import TritonExecutable
+
+        executable = TritonExecutable(optimized.graph, device=options.device, allow_fallback=False)
     executable.fx_outputs = converted.meta["fx_outputs"]
     if options.report is not None:
-        options.report(BackendReport(graph, optimized, dict(fallback), time.perf_counter() - start))
+        options.report(BackendReport(graph, optimized, dict(fallback), time.perf_counter() - start, executable))
     return executable
 
 
 class GraphRun:
-    """Runs a NumPy executable on torch tensors: zero-copy in, torch.from_numpy out."""
+    """Runs an executable on torch tensors: a NumPy one through zero-copy numpy views in and
+    `torch.from_numpy` out; a Triton one on the tensors themselves, its outputs new tensors on
+    its device."""
 
     def __init__(self, executable: Any, gm: torch.fx.GraphModule) -> None:
+        from ..backends.numpy import NumpyExecutable
+
         self.executable = executable
+        self.on_tensors = not isinstance(executable, NumpyExecutable)
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         inputs = set(executable.graph.inputs)
         self.feeds = [(i, n.name) for i, n in enumerate(placeholders) if n.name in inputs]
@@ -235,9 +269,12 @@ class GraphRun:
         self.single = not isinstance(outputs, (tuple, list))
         vals = [o.meta.get("val") if isinstance(o, torch.fx.Node) else None
                 for o in ([outputs] if self.single else outputs)]
-        self.dtypes = [torch_to_numpy_dtype(v.dtype) if isinstance(v, torch.Tensor) else None for v in vals]
+        self.metas = [v if isinstance(v, torch.Tensor) else None for v in vals]  # fake tensors: dtype, device
+        self.dtypes = [None if v is None else torch_to_numpy_dtype(v.dtype) for v in self.metas]
 
     def __call__(self, args: Sequence[Any]) -> Any:
+        if self.on_tensors:
+            return self._on_tensors(args)
         feeds = {name: args[i].detach().numpy() for i, name in self.feeds}
         results = self.executable(feeds)
         seen: list[np.ndarray] = []
@@ -253,6 +290,19 @@ class GraphRun:
                 array = array.copy()
             seen.append(array)
             outs.append(torch.from_numpy(array))
+        return outs[0] if self.single else tuple(outs)
+
+    def _on_tensors(self, args: Sequence[Any]) -> Any:
+        """The Triton executable's run: every output a tensor of its own (`run(tensors=True)`),
+        of the dtype and on the device that tracing saw."""
+        results = self.executable.run({name: args[i].detach() for i, name in self.feeds}, tensors=True)
+        outs: list[Any] = []
+        for entry, meta in zip(self.plan, self.metas):
+            if isinstance(entry, dict):
+                outs.append(entry["value"])
+                continue
+            tensor = results[entry]
+            outs.append(tensor if meta is None else tensor.to(meta.device, meta.dtype))
         return outs[0] if self.single else tuple(outs)
 
 

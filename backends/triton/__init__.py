@@ -12,8 +12,9 @@ with fused epilogues; elementwise.py (fused chains); reduce.py (softmax, layer n
 reductions); layout_ops.py (pack, unpack, casts, transpose/reshape/gather heads). indexing.py
 addresses packed and plain buffers; fusion.py groups nodes into kernels and templates.py says
 which template runs a node; codegen.py builds and caches kernels; launch.py holds the launch
-configuration rules; executor.py runs the graph; autotune.py tunes the configurations;
-aot.py compiles every kernel of a graph for a CUDA GPU without one.
+configuration rules; executor.py runs the graph; replay.py records its first run and replays
+it (CUDA graphs on a GPU); autotune.py tunes the configurations; aot.py compiles every kernel
+of a graph for a CUDA GPU without one.
 """
 from .autotune import autotune
 from .executor import TritonExecutable, kernel_listing, kernel_sources

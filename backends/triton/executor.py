@@ -502,10 +502,13 @@ class TritonExecutable:
     def __call__(self, feeds: Mapping[str, Any] | None = None, /, **kwargs: Any) -> dict[str, np.ndarray]:
         return self.run({**(feeds or {}), **kwargs})
 
-    def run(self, feeds: Mapping[str, Any], *, keep: dict[Value, Any] | None = None) -> dict[str, np.ndarray]:
-        """Run once; `keep`, when given, receives every buffer (for autotuning and tests: arena
-        views, overwritten as the plan reuses their bytes) and runs step by step. Without it, a
-        replayable executable records its first run and replays the record after (replay.py)."""
+    def run(self, feeds: Mapping[str, Any], *, keep: dict[Value, Any] | None = None,
+            tensors: bool = False) -> dict[str, Any]:
+        """Run once; the outputs as NumPy arrays, or with `tensors` as torch tensors on the
+        executable's device (what the torch.compile backend hands back). `keep`, when given,
+        receives every buffer (for autotuning and tests: arena views, overwritten as the plan
+        reuses their bytes) and runs step by step. Without it, a replayable executable records
+        its first run and replays the record after (replay.py)."""
         buffers = self._bind(feeds)
         if self._variants is not None:
             key = tuple(tuple(buffers[v].shape) for v in self._inputs.values())
@@ -514,7 +517,7 @@ class TritonExecutable:
                 self._variants[key] = TritonExecutable(specialize(self.graph, shapes), device=self.device,
                                                        **self._options)
             inner = self._variants[key]
-            outputs = inner.run(feeds, keep=keep)
+            outputs = inner.run(feeds, keep=keep, tensors=tensors)
             self.steps, self.fallback_nodes = inner.steps, inner.fallback_nodes
             self.schedule, self.views, self.memory, self.devices = inner.schedule, inner.views, inner.memory, inner.devices
             self.transfers, self.transfer_bytes = inner.transfers, inner.transfer_bytes
@@ -523,13 +526,13 @@ class TritonExecutable:
         record = None
         if keep is None and self.replay_blocked is None:
             if self._record is not None:
-                return self._replay(self._record, buffers)
+                return self._replay(self._record, buffers, tensors)
             (device,) = self.devices.values()
             record = Record(device)
             record.start(list(self._inputs.values()))
         self._execute(buffers, keep, record)
         self._check_flags()
-        outputs = self._collect(buffers)
+        outputs = self._collect(buffers, tensors)
         if record is not None:
             record.finish()
             self._record = record
@@ -567,7 +570,7 @@ class TritonExecutable:
                 for device in self.devices:
                     moved.pop((v, device), None)
 
-    def _replay(self, record: Record, buffers: dict[Value, Any]) -> dict[str, np.ndarray]:
+    def _replay(self, record: Record, buffers: dict[Value, Any], tensors: bool) -> dict[str, Any]:
         """A run through the record of the first: fills, segments and reruns in order."""
         for device in self.devices.values():
             if device.flag_words is not None:
@@ -585,7 +588,7 @@ class TritonExecutable:
             for fill in item.fills:
                 self._fill(fill.buffer, buffers[fill.value])
         self._check_flags()
-        return self._collect(buffers)
+        return self._collect(buffers, tensors)
 
     def _run_step(self, step: Step, args: list[Any]) -> list[Any]:
         try:
@@ -596,19 +599,21 @@ class TritonExecutable:
             raise TilefoldError(f"{where(step.group.anchor)} failed at run time: {type(exc).__name__}: "
                                 f"{' '.join(str(exc).split())[:300]}") from exc
 
-    def _collect(self, buffers: Mapping[Value, Any]) -> dict[str, np.ndarray]:
-        """The named outputs as host arrays (copies: the arena is reused), unpacked."""
+    def _collect(self, buffers: Mapping[Value, Any], tensors: bool = False) -> dict[str, Any]:
+        """The named outputs, unpacked, as host arrays or (`tensors`) as tensors on the
+        executable's device; copies either way, since the arena is reused by the next run."""
         outputs = {}
         for name, v in self._outputs:
             t = self.graph.type_of(v)
-            if v in self._consts:
-                array = np.array(as_array(self._consts[v]))
-            else:
-                x = buffers[v]
-                array = self._host(x) if _is_tensor(x) else np.array(x)
+            x = self._consts[v] if v in self._consts else buffers[v]
+            if tensors and _is_tensor(x) and t.encoding is None:
+                moved = self._to_device(x, self.device)
+                outputs[name] = moved.clone() if moved is x else moved
+                continue
+            array = np.array(as_array(x)) if v in self._consts else self._host(x) if _is_tensor(x) else np.array(x)
             if t.encoding is not None:
                 array = unpack(array, t.encoding, tuple(int(d) for d in t.shape))
-            outputs[name] = array
+            outputs[name] = self._to_device(array, self.device) if tensors else array
         return outputs
 
     def _check_flags(self) -> None:
