@@ -43,7 +43,7 @@ from ...graph.graph import Graph, Node
 from ...graph.types import TensorType, Value
 from ...layout.targets import GpuTarget
 from .codegen import jit_function
-from .elementwise import store_expr
+from .elementwise import Loader, emit_chain, store_expr
 from .layout_ops import constant_ints
 from .indexing import broadcast_index, is_float, is_integer, next_pow2, offset, parameter, register_dtype, unravel
 
@@ -119,6 +119,10 @@ def axes_of(graph: Graph, node: Node) -> tuple[int, ...] | None:
 NORMALIZATIONS = frozenset({"LayerNormalization", "InstanceNormalization"})
 SCANS = frozenset({"CumSum", "ArgMax", "ArgMin"})
 """Row ops that walk the row in order (see the module docstring)."""
+ROW_SHAPED = frozenset({"Softmax", "LogSoftmax", *NORMALIZATIONS})
+"""Row ops whose result has the operand's shape: their kernel takes an elementwise epilogue
+(the sdpa attention's NaN guard after a softmax, a cast after a layer norm), computed on the
+row in registers before the one store."""
 TOPK_MAX_BLOCK = 4096
 """Longest TopK row held in one block (its BLOCK): the index takes log2(BLOCK) bits of an
 int64 sort key, twice for an int64 row (32 + 2 * 12 bits). Longer rows are read in pieces."""
@@ -176,6 +180,11 @@ def supports(graph: Graph, node: Node) -> bool:
         return False
     axes = axes_of(graph, node)
     return axes is not None and row_length(graph, node) <= MAX_BLOCK
+
+
+def supports_rows(graph: Graph, node: Node) -> bool:
+    """A row op of the operand's shape (ROW_SHAPED) that this template runs."""
+    return node.op in ROW_SHAPED and supports(graph, node)
 
 
 def _dtypes_ok(op: str, x: TensorType, out: TensorType) -> bool:
@@ -383,7 +392,6 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
     if op in ("Softmax", "LogSoftmax"):
         lines += ["x_max = tl.max(x, axis=0)", "e = tl.exp(x - x_max)", "total = tl.sum(e, axis=0)"]
         lines.append("y = e / total" if op == "Softmax" else "y = x - x_max - tl.log(total)")
-        store_index = list(names)
     elif op in NORMALIZATIONS:
         eps = float(node.attrs.get("epsilon", 1e-5))
         # the centered row corrected by its own mean (in registers): a row of equal values
@@ -403,7 +411,6 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
             else:
                 load = _load(value, t, broadcast_index(t, names, shape), param, "0.0")
             lines.append(f"y = y {verb} {load}  # {graph.value_name(value)}: {t}")
-        store_index = list(names)
     elif is_integer(x_t):
         lines.append(f"y = {INTEGER_REDUCE_OPS[op].format(n=length)}")
         store_index = _reduced_index(node, names, axes)
@@ -412,9 +419,16 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
         if op in EXTREMES and not logical:  # a NaN in the row is the answer, as in numpy
             lines.append("y = tl.where(tl.sum((x != x).to(tl.float32), axis=0) > 0, float('nan'), y)")
         store_index = _reduced_index(node, names, axes)
-    where = offset(out, store_index)
-    mask = ", mask=mask" if op in ("Softmax", "LogSoftmax", *NORMALIZATIONS) else ""
-    lines.append(f"tl.store(out0 + {where}, {store_expr('y', out)}{mask})  # {node.name} ({op}): {out}")
+    if op in ROW_SHAPED:
+        axis_names = [names[d] for d in axes]
+        loader = Loader(graph, names, shape, "mask", params, blocks=axis_names)  # type: ignore[arg-type]
+        epilogue, var = emit_chain(graph, nodes[1:], loader, {Value(node.name): "y"})
+        final = nodes[-1].outputs[0]
+        lines += epilogue
+        lines.append(f"tl.store(out0 + {offset(final, names)}, {store_expr(var or 'y', final)}, mask=mask)  "
+                     f"# {nodes[-1].name} ({nodes[-1].op}): {final}")
+        return jit_function(fn_name, len(params), lines), params
+    lines.append(f"tl.store(out0 + {offset(out, store_index)}, {store_expr('y', out)})  # {node.name} ({op}): {out}")
     return jit_function(fn_name, len(params), lines), params
 
 
