@@ -13,14 +13,17 @@
 4. The outputs are the graph's outputs `output_0, ...`; a non-tensor output (None, a
    number) is kept in `graph.meta["fx_outputs"]` so that a runner can rebuild the tuple.
 
-`unsupported_nodes(gm, devices)` says, per node, why a rule cannot take it (no rule, dtype, a
-tensor on a device the backend does not run, symbolic shape, an attribute): the backend
+`unsupported_nodes(gm, accepts)` says, per node, why a rule cannot take it (no rule, a dtype or
+a device the backend does not run (`Accepts`), symbolic shape, an attribute): the backend
 partitions the graph on it. Frozen tensors on a GPU are copied to the host as constants (the
-Triton executor moves its constants to its device once).
+Triton executor moves its constants to its device once); bfloat16 tensors become ml_dtypes
+arrays (NumPy has no bfloat16 of its own), which the Triton backend runs and the NumPy
+backend does not.
 """
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -30,20 +33,31 @@ import torch.fx
 from ..graph.errors import UnsupportedOpError
 from ..graph.graph import Graph
 from ..graph.types import Value, freeze
-from .fx_emit import Emitter, supported_dtype, tensor_type
+from .fx_emit import Emitter, supported_dtype, tensor_type, torch_to_numpy_dtype
 from .fx_ops import RULES, SUPPORTED_OPS
 from .fx_ops_nn import RESAMPLING
 
 OUTPUT_PREFIX = "output_"
-HOST_TENSORS = frozenset({"cpu"})
-"""The torch device types whose tensors the NumPy backend (and the interpreter) runs on."""
+
+
+@dataclass(frozen=True)
+class Accepts:
+    """The tensors a backend runs: on these torch device types (None: any), and whether of
+    bfloat16."""
+
+    devices: frozenset[str] | None = frozenset({"cpu"})
+    bfloat16: bool = False
+
+
+NUMPY_BACKEND = Accepts()
+ANYTHING = Accepts(None, True)
 
 
 def graph_from_fx(gm: torch.fx.GraphModule, frozen: Mapping[str, torch.Tensor] | None = None,
-                  name: str = "torch", devices: frozenset[str] | None = HOST_TENSORS) -> Graph:
+                  name: str = "torch", accepts: Accepts = NUMPY_BACKEND) -> Graph:
     """The Graph of an ATen-level GraphModule with static shapes; placeholders named in
-    `frozen` become constants holding those tensors (see module docstring); tensors must lie
-    on `devices` (torch device types; None: anywhere)."""
+    `frozen` become constants holding those tensors (see module docstring); tensors must be
+    ones the backend `accepts`."""
     frozen = frozen or {}
     graph = Graph(name)
     emit = Emitter(graph)
@@ -65,7 +79,7 @@ def graph_from_fx(gm: torch.fx.GraphModule, frozen: Mapping[str, torch.Tensor] |
         elif node.op == "get_attr":
             emit.values[node] = emit.constant(numpy_view(_attr(gm, node.target)), name=node.name)
         elif node.op == "call_function":
-            reason = unsupported_reason(node, devices)
+            reason = unsupported_reason(node, accepts)
             if reason is not None:
                 error = UnsupportedOpError(f"fx node {node.name!r} ({node.target}): {reason}")
                 error.fx_node = node.name  # type: ignore[attr-defined]
@@ -103,6 +117,9 @@ def numpy_view(tensor: torch.Tensor) -> np.ndarray:
         raise UnsupportedOpError(f"a tensor of element type {array.dtype} is not supported by tilefold")
     if array.device.type != "cpu":
         array = array.cpu()
+    if array.dtype == torch.bfloat16:  # torch gives NumPy no bfloat16 arrays: its bits, as ml_dtypes'
+        return freeze(np.require(array.contiguous().view(torch.int16).numpy(), requirements="C")
+                      .view(torch_to_numpy_dtype(torch.bfloat16)))
     # np.require, not np.ascontiguousarray: that one makes a 0-d tensor (CLIP's logit_scale) 1-d
     return freeze(np.require(array.resolve_conj().resolve_neg().numpy(), requirements="C"))
 
@@ -121,9 +138,9 @@ def _tensors(value: Any) -> list[Any]:
     return [value] if isinstance(value, torch.Tensor) else []
 
 
-def unsupported_reason(node: torch.fx.Node, devices: frozenset[str] | None = HOST_TENSORS) -> str | None:
-    """Why tilefold cannot convert this call_function node for a backend that runs tensors on
-    `devices` (torch device types; None: any), or None when it can."""
+def unsupported_reason(node: torch.fx.Node, accepts: Accepts = NUMPY_BACKEND) -> str | None:
+    """Why tilefold cannot convert this call_function node for a backend that `accepts` some
+    tensors, or None when it can."""
     if node.target is operator.getitem:
         return None
     rule = RULES.get(node.target)
@@ -133,9 +150,9 @@ def unsupported_reason(node: torch.fx.Node, devices: frozenset[str] | None = HOS
     for a in node.all_input_nodes:
         vals += _tensors(a.meta.get("val"))
     for val in vals:
-        if not supported_dtype(val.dtype):
+        if not supported_dtype(val.dtype) or (val.dtype == torch.bfloat16 and not accepts.bfloat16):
             return f"element type {val.dtype}"
-        if devices is not None and val.device.type not in devices:
+        if accepts.devices is not None and val.device.type not in accepts.devices:
             return f"a tensor on {val.device}"
         if any(not isinstance(d, int) for d in val.shape):
             return "a symbolic shape"
@@ -147,14 +164,13 @@ def unsupported_reason(node: torch.fx.Node, devices: frozenset[str] | None = HOS
         return f"unexpected arguments ({exc})"
 
 
-def unsupported_nodes(gm: torch.fx.GraphModule,
-                      devices: frozenset[str] | None = HOST_TENSORS) -> dict[torch.fx.Node, str]:
-    """Every call_function node tilefold cannot convert for a backend that runs tensors on
-    `devices` (see unsupported_reason), with the reason."""
+def unsupported_nodes(gm: torch.fx.GraphModule, accepts: Accepts = NUMPY_BACKEND) -> dict[torch.fx.Node, str]:
+    """Every call_function node tilefold cannot convert for a backend that `accepts` some
+    tensors (see unsupported_reason), with the reason."""
     found = {}
     for node in gm.graph.nodes:
         if node.op == "call_function":
-            reason = unsupported_reason(node, devices)
+            reason = unsupported_reason(node, accepts)
             if reason is not None:
                 found[node] = reason
     return found
@@ -227,7 +243,7 @@ def from_torch(module: torch.nn.Module, example_inputs: Any, **options: Any) -> 
         raise TypeError(f"from_torch: unknown options {sorted(unknown)}")
     inputs = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
     gm, frozen = export_aten(module, inputs)
-    bad = unsupported_nodes(gm, devices=None)
+    bad = unsupported_nodes(gm, ANYTHING)
     if bad:
         node, reason = next(iter(bad.items()))
         ops = sorted({str(n.target) for n in bad})
@@ -235,7 +251,7 @@ def from_torch(module: torch.nn.Module, example_inputs: Any, **options: Any) -> 
             f"{type(module).__name__}: tilefold cannot convert {', '.join(ops)} "
             f"(first: fx node {node.name!r}: {reason}); torch.compile(backend='tilefold') runs such ops eagerly"
         )
-    return graph_from_fx(gm, frozen, name=options.get("name", type(module).__name__), devices=None)
+    return graph_from_fx(gm, frozen, name=options.get("name", type(module).__name__), accepts=ANYTHING)
 
 
 def tilefold_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Any:

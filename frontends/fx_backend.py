@@ -46,7 +46,7 @@ import torch.fx
 
 from ..graph.errors import TilefoldError, UnsupportedOpError
 from ..graph.graph import Graph
-from .fx import HOST_TENSORS, decompositions, graph_from_fx, unsupported_nodes
+from .fx import NUMPY_BACKEND, Accepts, decompositions, graph_from_fx, unsupported_nodes
 from .fx_emit import torch_to_numpy_dtype
 
 MAX_VARIANTS = 8
@@ -79,10 +79,13 @@ class Options:
         return self.target or ("cpu" if self.device == "cpu" else "gpu")
 
     @property
-    def tensor_devices(self) -> frozenset[str]:
-        """The torch device types of the tensors this backend runs (on a GPU also host tensors,
-        such as 0-d constants, which the executor moves to the GPU)."""
-        return HOST_TENSORS | {"cuda"} if self.device.startswith("cuda") else HOST_TENSORS
+    def accepts(self) -> Accepts:
+        """The tensors the device's backend runs: the NumPy backend host tensors but bfloat16;
+        the Triton backend bfloat16 too, and on a GPU its tensors and host ones (0-d
+        constants, which the executor moves to the GPU)."""
+        if self.device == "cpu":
+            return NUMPY_BACKEND
+        return Accepts(frozenset({"cpu", "cuda"} if self.device.startswith("cuda") else {"cpu"}), bfloat16=True)
 
 
 def backend(*, target: str | None = None, device: str = "cpu",
@@ -215,7 +218,7 @@ def build_variant(gm: torch.fx.GraphModule, frozen: dict[str, torch.Tensor], opt
                   ) -> Callable[[list[Any]], Any]:
     """A callable running `gm` (static shapes) with tilefold where it can, eager PyTorch elsewhere."""
     bad = {node.name: (str(node.target), reason)
-           for node, reason in unsupported_nodes(gm, options.tensor_devices).items()}
+           for node, reason in unsupported_nodes(gm, options.accepts).items()}
     while True:
         try:
             if not bad:
@@ -236,7 +239,7 @@ def _compile(gm: torch.fx.GraphModule, frozen: dict[str, torch.Tensor], options:
     from ..graph.passes.pipeline import simplify
 
     start = time.perf_counter()
-    converted = graph_from_fx(gm, frozen, devices=options.tensor_devices)
+    converted = graph_from_fx(gm, frozen, accepts=options.accepts)
     graph = simplify(converted.copy(), evaluate_node)
     optimized = tilefold.optimize(graph, options.layout_target)
     if options.device == "cpu":

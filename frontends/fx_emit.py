@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import ml_dtypes
 import numpy as np
 import torch
 import torch.fx
@@ -20,12 +21,13 @@ from ..graph.types import ConstValue, Splat, TensorType, Value
 
 _DTYPES = {
     torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16,
+    torch.bfloat16: ml_dtypes.bfloat16,
     torch.int64: np.int64, torch.int32: np.int32, torch.int16: np.int16, torch.int8: np.int8,
     torch.uint8: np.uint8, torch.bool: np.bool_,
 }
 _ONNX_CODES = {np.dtype(np.float32): 1, np.dtype(np.uint8): 2, np.dtype(np.int8): 3, np.dtype(np.int16): 5,
                np.dtype(np.int32): 6, np.dtype(np.int64): 7, np.dtype(np.bool_): 9, np.dtype(np.float16): 10,
-               np.dtype(np.float64): 11}
+               np.dtype(np.float64): 11, np.dtype(ml_dtypes.bfloat16): 16}
 
 
 def supported_dtype(dtype: torch.dtype) -> bool:

@@ -300,8 +300,8 @@ def _full(emit: Emitter, node: torch.fx.Node) -> Value:
 @rule(aten.arange.start_step, aten.arange.start, aten.arange.default)
 def _arange(emit: Emitter, node: torch.fx.Node) -> Value:
     val = out_val(node)
-    values = torch.arange(*node.args, dtype=val.dtype)
-    return emit.constant(values.numpy())
+    values = torch.arange(*node.args, dtype=torch.float32 if val.dtype == torch.bfloat16 else val.dtype)
+    return emit.constant(values.numpy().astype(torch_to_numpy_dtype(val.dtype)))  # NumPy takes no torch bfloat16
 
 
 # ---- shapes and data movement ------------------------------------------------------------

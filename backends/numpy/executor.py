@@ -11,14 +11,14 @@ Compiling a graph builds one kernel per node and decides, once, where each value
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 import numpy as np
 
 from ...graph.errors import InputError, TilefoldError, UnsupportedOpError, where
 from ...graph.graph import CONSTANT, INPUT, OUTPUT, Graph, Node
-from ...graph.types import TensorType, Value, as_array
+from ...graph.types import Splat, TensorType, Value, as_array
 from .allocator import retain_freed_memory
 from .packed import build_kernel
 from .registry import KERNELS, KernelDef, KernelSpec, Run, kernel_set
@@ -321,15 +321,31 @@ def _fmt(shape: tuple) -> str:
 
 
 def evaluate_node(node: Node, consts: list[Any]) -> list[np.ndarray]:
-    """Run one node on constant inputs (for constant folding): fresh, owned results."""
+    """Run one node on constant inputs (for constant folding): fresh, owned results.
+
+    The NumPy kernels have no bfloat16: bfloat16 operands are widened to float32 (exact) and
+    bfloat16 results rounded once from the float32 ones, as the Triton kernels compute them."""
     from ...graph.types import type_of_constant
 
     kdef = KERNELS.get(node.op)
     if kdef is None:
         raise UnsupportedOpError(f"{where(node)}: the NumPy backend has no kernel for {node.op}")
+    consts = [_widened(c) for c in consts]
     types = [type_of_constant(c) if c is not None else None for c in consts]
-    run = build_kernel(kdef, KernelSpec(node, types, list(consts)))
+    wide = [TensorType(t.shape, np.float32, t.encoding) if t.dtype.name == "bfloat16" else t for t in node.outputs]
+    run = build_kernel(kdef, KernelSpec(replace(node, outputs=wide), types, list(consts)))
     args = [as_array(c) if c is not None else None for c in consts]
     with np.errstate(all="ignore"):  # as at run time: IEEE results (log 0 = -inf) are the op's answer
         result = run(*args)
-    return [np.array(r) for r in (result if isinstance(result, tuple) else (result,))]
+    results = [np.array(r) for r in (result if isinstance(result, tuple) else (result,))]
+    return [r.astype(t.dtype) if t.dtype.name == "bfloat16" and r.dtype != t.dtype else r
+            for r, t in zip(results, node.outputs)]
+
+
+def _widened(const: Any) -> Any:
+    """A bfloat16 constant as float32; any other as it is."""
+    if isinstance(const, Splat):
+        return Splat(float(const.value), const.shape, np.float32) if const.dtype.name == "bfloat16" else const
+    if const is not None and np.asarray(const).dtype.name == "bfloat16":
+        return np.asarray(const).astype(np.float32)
+    return const

@@ -171,12 +171,30 @@ def build(source: str, fn_name: str, device: str) -> Any:
     return _CACHE[key]
 
 
+def _bfloat16_widened(create_dot: Callable[..., Any]) -> Callable[..., Any]:
+    """Triton's interpreter keeps bfloat16 data as its uint16 bits, and its `create_dot`
+    multiplies those bits as integers (Triton 3.8: a bfloat16 matmul gave 1e10s): the dot
+    with bfloat16 operands widened to float32 (exact), as the GPU's accumulates."""
+    import triton.language as tl
+    from triton.runtime.interpreter import TensorHandle
+
+    def widen(h: Any) -> Any:
+        if h.dtype.scalar != tl.bfloat16:
+            return h
+        return TensorHandle((h.data.astype(np.uint32) << 16).view(np.float32), tl.float32)
+
+    def dot(a: Any, b: Any, d: Any, input_precision: Any, max_num_imprecise_acc: Any) -> Any:
+        return create_dot(widen(a), widen(b), d, input_precision, max_num_imprecise_acc)
+
+    return dot
+
+
 @contextlib.contextmanager
 def interpreted_stdlib() -> Iterator[None]:
     """While an interpreted kernel runs: triton.language's jit'd helpers and libm's, interpreted."""
     importlib.import_module("triton.experimental.gluon")  # its import asserts the helpers are JITFunctions
     import triton.language as tl
-    from triton.runtime.interpreter import InterpretedFunction, _LangPatchScope
+    from triton.runtime.interpreter import InterpretedFunction, _LangPatchScope, interpreter_builder
     from triton.runtime.jit import JITFunction
 
     from . import libm
@@ -199,6 +217,7 @@ def interpreted_stdlib() -> Iterator[None]:
         for name, member in list(vars(module).items()):
             if isinstance(member, JITFunction):
                 scope.set_attr(module, name, Scoped(member.fn))
+    scope.set_attr(interpreter_builder, "create_dot", _bfloat16_widened(interpreter_builder.create_dot))
     try:
         yield
     finally:

@@ -298,3 +298,23 @@ def test_folding_log_of_zero_gives_minus_infinity_without_a_warning():
     assert [n.op for n in graph.nodes() if n.op not in ("Input", "Output", "Constant")] == ["Add"]
     x = np.random.default_rng(5).standard_normal(3).astype(np.float32)
     np.testing.assert_array_equal(tilefold.compile(graph)({"x": x})["y"], ort_run(model, {"x": x})[0])
+
+
+def test_bfloat16_constants_fold_through_float32_with_one_rounding():
+    """The NumPy kernels have no bfloat16: folding widens the operands (exactly), computes in
+    float32 and rounds the result once, as the Triton kernels do; Transpose moves bits alone."""
+    import ml_dtypes
+
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    rng = np.random.default_rng(11)
+    w, s = rng.standard_normal((5, 3)).astype(bf16), rng.standard_normal((1, 5)).astype(bf16)
+    g = Graph("bf16")
+    x = g.add_input("x", TensorType((2, 3), bf16))
+    t = g.add_node("Transpose", [g.add_constant(w, name="w")], [TensorType((3, 5), bf16)], {"perm": [1, 0]})
+    scaled = g.add_node("Mul", [Value(t.name), g.add_constant(s, name="s")], [TensorType((3, 5), bf16)])
+    g.add_output(Value(g.add_node("MatMul", [x, Value(scaled.name)], [TensorType((2, 5), bf16)]).name), "y")
+    g = simplify(g, evaluate_node, verify=True)
+    (folded,) = [g.constant_value(v) for v in g.inputs_of(next(n for n in g.nodes() if n.op == "MatMul").name)[1:]]
+    assert folded.dtype == bf16
+    want = (w.astype(np.float32).T * s.astype(np.float32)).astype(bf16)
+    np.testing.assert_array_equal(folded.view(np.uint16), want.view(np.uint16))

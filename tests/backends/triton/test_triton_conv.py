@@ -3,6 +3,7 @@ padding, dilation, groups and fused epilogues, against torch's conv2d and the Nu
 1-D convs (NCWc16 and plain) against torch's conv1d, and a Whisper-like stem end to end."""
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 import torch
@@ -143,18 +144,20 @@ def test_conv_epilogue_batchnorm_relu_residual_in_one_kernel(kit, device):
     assert len(kernel_sources(g)) == 2  # the input Pack, then conv with its whole epilogue
 
 
-def test_float16_conv_accumulates_in_float32(kit, device):
+@pytest.mark.parametrize("half, rtol, atol", [("float16", 2e-3, 1e-2), ("bfloat16", 1e-2, 5e-2)])
+def test_16_bit_conv_accumulates_in_float32(kit, device, half, rtol, atol):
+    dtype = np.dtype(ml_dtypes.bfloat16) if half == "bfloat16" else np.dtype(half)
     rng = np.random.default_rng(5)
-    x = rng.standard_normal((1, 24, 5, 6)).astype(np.float16)
-    w = (rng.standard_normal((18, 24, 3, 3)) * 0.2).astype(np.float16)
+    x = rng.standard_normal((1, 24, 5, 6)).astype(dtype)
+    w = (rng.standard_normal((18, 24, 3, 3)) * 0.2).astype(dtype)
     g = Graph("half")
-    xp = kit.add(g, "Pack", [g.add_input("x", TensorType(x.shape, np.float16))], {"encoding": ACT}, encoding=ACT)
+    xp = kit.add(g, "Pack", [g.add_input("x", TensorType(x.shape, dtype))], {"encoding": ACT}, encoding=ACT)
     y = kit.add(g, "Conv", [xp, kit.packed_const(g, w, WEIGHT, "w")], {"pads": (1, 1, 1, 1)}, encoding=ACT)
     g.add_output(kit.add(g, "Unpack", [y]), "y")
-    got, _ = kit.run_both(g, {"x": x}, device)
-    assert got["y"].dtype == np.float16
-    exact = _reference(x.astype(F32), w.astype(F32), None, 1, 1, 1, 1)
-    np.testing.assert_allclose(got["y"], exact, rtol=2e-3, atol=1e-2)
+    got = TritonExecutable(g, device=device)({"x": x})["y"]  # the NumPy backend has no bfloat16
+    assert got.dtype == dtype
+    exact = _reference(x.astype(np.float64), w.astype(np.float64), None, 1, 1, 1, 1)
+    np.testing.assert_allclose(got.astype(np.float64), exact, rtol=rtol, atol=atol)
 
 
 def _reference_1d(x, w, b, stride, pads, dilation, group):

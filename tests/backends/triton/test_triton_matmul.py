@@ -2,6 +2,7 @@
 with every epilogue, against numpy and the NumPy backend, on sizes that do not divide the tiles."""
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -142,14 +143,20 @@ def test_packed_result_padding_holds_zeros(kit, device):
     assert not logical[5:].any() and not logical[:, 33:].any()
 
 
-def test_float16_matmul_accumulates_in_float32(kit, device):
+HALVES = {"float16": (np.dtype(np.float16), 2e-3, 2e-2), "bfloat16": (np.dtype(ml_dtypes.bfloat16), 1e-2, 1e-1)}
+"""16-bit float types: the dtype, and the rtol and atol of one rounding of a float32 sum."""
+
+
+@pytest.mark.parametrize("half", sorted(HALVES))
+def test_16_bit_matmul_accumulates_in_float32(kit, device, half):
+    dtype, rtol, atol = HALVES[half]
     rng = np.random.default_rng(9)
-    a = rng.standard_normal((20, 64)).astype(np.float16)
-    b = rng.standard_normal((64, 18)).astype(np.float16)
+    a = rng.standard_normal((20, 64)).astype(dtype)
+    b = rng.standard_normal((64, 18)).astype(dtype)
     g = Graph("half")
-    y = kit.add(g, "MatMul", [g.add_input("a", TensorType(a.shape, np.float16)), g.add_constant(b, name="b")])
+    y = kit.add(g, "MatMul", [g.add_input("a", TensorType(a.shape, dtype)), g.add_constant(b, name="b")])
     g.add_output(y, "y")
     got = TritonExecutable(g, device=device)({"a": a})["y"]
-    assert got.dtype == np.float16
+    assert got.dtype == dtype
     exact = a.astype(np.float64) @ b.astype(np.float64)
-    np.testing.assert_allclose(got, exact, rtol=2e-3, atol=2e-2)
+    np.testing.assert_allclose(got.astype(np.float64), exact, rtol=rtol, atol=atol)

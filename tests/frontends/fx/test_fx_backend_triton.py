@@ -94,3 +94,28 @@ def test_an_unknown_device_and_a_missing_gpu_are_one_line_errors(zoo):
         with pytest.raises(TilefoldError, match=r"device 'cuda' is not available here \(no CUDA GPU\)") as info:
             fx.backend(device="cuda")
         assert "\n" not in str(info.value)
+
+
+def test_a_bfloat16_model_runs_on_triton_and_eagerly_on_the_numpy_backend(zoo):
+    """bfloat16 weights freeze as ml_dtypes arrays; the Triton kernels compute in float32 and
+    round once per kernel, eager PyTorch's bfloat16 ops once per op: within a few bfloat16
+    steps. The NumPy backend has no bfloat16, so device "cpu" runs the model eagerly."""
+    model = zoo.mlp(8).to(torch.bfloat16)
+    rng = np.random.default_rng(9)
+    reports = []
+    compiled = torch.compile(model, backend="tilefold", options={"device": "interp", "report": reports.append})
+    with torch.no_grad():
+        for _ in range(2):
+            x = zoo.randn(rng, 4, 32).to(torch.bfloat16)
+            got, want = compiled(x), model(x)
+            assert got.dtype == torch.bfloat16 and got.shape == want.shape
+            torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    (report,) = reports
+    assert isinstance(report.executable, TritonExecutable) and report.fallback == {}
+    assert report.executable.fallback_nodes == []
+
+    torch._dynamo.reset()
+    on_numpy = torch.compile(model, backend="tilefold")
+    x = zoo.randn(rng, 4, 32).to(torch.bfloat16)
+    with torch.no_grad(), pytest.warns(TilefoldFallbackWarning, match="element type torch.bfloat16"):
+        torch.testing.assert_close(on_numpy(x), model(x))
