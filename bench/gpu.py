@@ -14,10 +14,12 @@ is faster).
 
 Float32 matmuls use IEEE precision on both sides (TF32 off) unless --tf32. `--dtype float16`
 or `bfloat16` runs the templates on operands of that type (tilefold accumulates in float32,
-as cuBLAS does); the models stay float32.
+as cuBLAS does); the ONNX models stay float32. `--torch-compile` adds ResNet-50 and BERT-base
+as PyTorch modules in `--dtype` through `torch.compile(backend="tilefold", options={"device":
+"cuda"})` against eager PyTorch in the same type.
 
     python -m tilefold.bench.gpu [--skip-templates] [--skip-models] [--skip-inductor] [--tf32]
-                                 [--dtype float32|float16|bfloat16] [--repeat 20]
+                                 [--dtype float32|float16|bfloat16] [--torch-compile] [--repeat 20]
 
 Runs only where CUDA is present; elsewhere it prints one line and exits with status 0
 (`--device interp` runs the template part on tiny shapes under the interpreter, to check it).
@@ -280,6 +282,52 @@ def bench_models(repeat: int, tf32: bool, inductor: bool = True) -> list[str]:
     return failures
 
 
+def bench_compiled(repeat: int, dtype: str, device: str = "cuda") -> list[str]:
+    """ResNet-50 and BERT-base (transformers modules) through `torch.compile(backend="tilefold",
+    options={"device": ...})` against eager PyTorch, both in `dtype` (float16 and bfloat16 with
+    float32 accumulation on tilefold's side); returns the models that failed."""
+    import torch
+
+    from . import models
+
+    print(f"== torch.compile(backend='tilefold') on {device}, {dtype} (ratio = eager time / tilefold time) ==")
+    rng = np.random.default_rng(2)
+    where = torch.device("cpu" if device == "interp" else device)
+    kind = getattr(torch, dtype)
+    failures: list[str] = []
+    small = device == "interp"  # the smoke run: tiny inputs, times mean nothing
+    cases = [("resnet50", models.resnet50_torch, models.resnet50_inputs(rng, size=32 if small else 224)),
+             ("bert", models.bert_torch, models.bert_inputs(rng, seq=8 if small else 128))]
+
+    def run(name: str, build: Callable[[], Any], feeds: dict[str, np.ndarray]) -> None:
+        exact = build().to(where)
+        module = build().to(where, kind)
+        inputs = {k: torch.from_numpy(v).to(where) for k, v in feeds.items()}
+
+        def forward(fn: Any, floats: Any = kind) -> Any:
+            with torch.no_grad():
+                return fn(**{k: v.to(floats) if v.is_floating_point() else v for k, v in inputs.items()})[0]
+
+        compiled = torch.compile(module, backend="tilefold", options={"device": device})
+        start = time.perf_counter()
+        first = forward(compiled)
+        print(f"  {name}: first call (export, optimize, kernel compiles) {time.perf_counter() - start:.1f} s",
+              flush=True)
+        want = forward(exact, torch.float32)
+
+        def error(got: Any) -> float:
+            return float((got.float() - want).abs().max() / want.abs().max().clamp_min(1e-30))
+
+        print(f"  {name}: largest error against the float32 model, relative to its largest output: tilefold "
+              f"{error(first):.2e}, eager {dtype} {error(forward(module)):.2e}", flush=True)
+        _row(f"{name} torch.compile(tilefold, {dtype})", _time(lambda: forward(compiled), repeat),
+             _time(lambda: forward(module), repeat), "eager")
+
+    for name, build, feeds in cases:
+        _guarded(f"{name} torch.compile", lambda: run(name, build, feeds), failures)
+    return failures
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=20)
@@ -288,7 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-inductor", action="store_true", help="end to end against eager PyTorch only")
     parser.add_argument("--tf32", action="store_true", help="let both sides use TF32 for float32 matmuls")
     parser.add_argument("--dtype", default="float32", choices=DTYPES,
-                        help="the templates' operands (the models stay float32)")
+                        help="the templates' operands, and --torch-compile's models (the ONNX models stay float32)")
+    parser.add_argument("--torch-compile", action="store_true",
+                        help="also ResNet-50 and BERT-base through torch.compile(backend='tilefold') in --dtype")
     parser.add_argument("--device", default="cuda", choices=("cuda", "interp"),
                         help="interp: tiny shapes under Triton's interpreter, to check the script (no timing value)")
     args = parser.parse_args(argv)
@@ -299,7 +349,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.device == "interp":
         print("device: Triton interpreter on the CPU (smoke run: tiny shapes, times mean nothing)")
-        return 1 if bench_templates(1, args.tf32, "interp", args.dtype) else 0
+        failures = bench_templates(1, args.tf32, "interp", args.dtype)
+        if args.torch_compile:
+            failures += bench_compiled(1, args.dtype, "interp")
+        return 1 if failures else 0
     if not torch.cuda.is_available():
         print("bench/gpu.py: no CUDA GPU on this machine; nothing measured (the Triton tests run on 'interp')")
         return 0
@@ -309,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
     failures = [] if args.skip_templates else bench_templates(args.repeat, args.tf32, dtype=args.dtype)
     if not args.skip_models:
         failures += bench_models(args.repeat, args.tf32, inductor=not args.skip_inductor)
+    if args.torch_compile:
+        failures += bench_compiled(args.repeat, args.dtype)
     if failures:
         print(f"{len(failures)} cases failed: {', '.join(failures)}")
     return 1 if failures else 0

@@ -189,6 +189,24 @@ def _bfloat16_widened(create_dot: Callable[..., Any]) -> Callable[..., Any]:
     return dot
 
 
+def _bfloat16_rounded(cast_impl: Callable[..., Any]) -> Callable[..., Any]:
+    """Triton's interpreter narrows float32 to bfloat16 by truncating the mantissa (Triton
+    3.8's `cast_impl`), where a GPU rounds to nearest even (`cvt.rn`), as ml_dtypes and torch
+    do: the narrowing rounded to nearest even, NaN kept a quiet NaN."""
+    import triton.language as tl
+    from triton.runtime.interpreter import TensorHandle
+
+    def cast(src: Any, dst_type: Any) -> Any:
+        if src.dtype.scalar != tl.float32 or dst_type.scalar != tl.bfloat16:
+            return cast_impl(src, dst_type)
+        bits = np.ascontiguousarray(src.data, dtype=np.float32).view(np.uint32)
+        rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+        nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+        return TensorHandle(np.where(nan, ((bits >> 16) | np.uint32(0x40)).astype(np.uint16), rounded), tl.bfloat16)
+
+    return cast
+
+
 @contextlib.contextmanager
 def interpreted_stdlib() -> Iterator[None]:
     """While an interpreted kernel runs: triton.language's jit'd helpers and libm's, interpreted."""
@@ -218,6 +236,7 @@ def interpreted_stdlib() -> Iterator[None]:
             if isinstance(member, JITFunction):
                 scope.set_attr(module, name, Scoped(member.fn))
     scope.set_attr(interpreter_builder, "create_dot", _bfloat16_widened(interpreter_builder.create_dot))
+    scope.set_attr(interpreter_builder, "cast_impl", _bfloat16_rounded(interpreter_builder.cast_impl))
     try:
         yield
     finally:

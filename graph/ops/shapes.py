@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import ml_dtypes
 import numpy as np
 
 from ..errors import UnsupportedOpError, VerifyError
@@ -161,9 +162,9 @@ def length_of(t: TensorType | None, op: str, what: str) -> int:
 _ONNX_DTYPES = {
     1: np.float32, 2: np.uint8, 3: np.int8, 4: np.uint16, 5: np.int16, 6: np.int32,
     7: np.int64, 9: np.bool_, 10: np.float16, 11: np.float64, 12: np.uint32, 13: np.uint64,
-    14: np.complex64, 15: np.complex128,
+    14: np.complex64, 15: np.complex128, 16: ml_dtypes.bfloat16,  # the Triton backend's; the NumPy one refuses it
 }
-_ONNX_OTHER = {8: "string", 16: "bfloat16", 17: "float8e4m3fn", 18: "float8e4m3fnuz",
+_ONNX_OTHER = {8: "string", 17: "float8e4m3fn", 18: "float8e4m3fnuz",
                19: "float8e5m2", 20: "float8e5m2fnuz", 21: "uint4", 22: "int4",
                23: "float4e2m1", 24: "float8e8m0", 25: "uint2", 26: "int2"}
 

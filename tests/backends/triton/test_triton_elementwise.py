@@ -2,6 +2,7 @@
 backend and plain numpy, on packed and plain operands whose sizes do not divide the tiles."""
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import pytest
 from onnx.helper import np_dtype_to_tensor_dtype
@@ -438,15 +439,33 @@ def test_expand_slice_and_concat_heads(kit, device):
         np.testing.assert_array_equal(got[name], want[name])
 
 
-@pytest.mark.parametrize("to,dtype", [(9, np.bool_), (1, np.float32), (10, np.float16)])
+@pytest.mark.parametrize("to,dtype", [(9, np.bool_), (1, np.float32), (10, np.float16), (16, ml_dtypes.bfloat16)])
 def test_cast_from_integers(kit, device, to, dtype):
     ids = np.random.default_rng(12).integers(-3000, 3000, (4, 7))
     ids[0, :3] = 0
     g = Graph("cast")
     g.add_output(kit.add(g, "Cast", [g.add_input("ids", TensorType(ids.shape, np.int64))], {"to": to}), "y")
+    if dtype is ml_dtypes.bfloat16:  # the NumPy backend has no bfloat16: ml_dtypes' conversion is the reference
+        got = TritonExecutable(g, device=device)({"ids": ids})
+        np.testing.assert_array_equal(got["y"].view(np.uint16), ids.astype(dtype).view(np.uint16))
+        return
     got, want = kit.run_both(g, {"ids": ids}, device)
     np.testing.assert_array_equal(got["y"], ids.astype(dtype))
     np.testing.assert_array_equal(got["y"], want["y"])
+
+
+def test_float32_narrows_to_bfloat16_rounding_to_nearest_even(kit, device):
+    """As a GPU's cvt.rn, ml_dtypes and torch: ties to even, NaN stays NaN, infinities and
+    signed zeros kept (Triton's interpreter truncates; tilefold's interpreted kernels round)."""
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal(64).astype(F32) * np.float32(1000)
+    ties = (np.arange(8, dtype=np.uint32) << np.uint32(16)) | np.uint32(0x3F808000)  # 1.0039..: exactly half an ulp
+    x[:8] = ties.view(F32)
+    x[8:12] = [np.inf, -np.inf, np.nan, -0.0]
+    g = Graph("narrow")
+    g.add_output(kit.add(g, "Cast", [g.add_input("x", TensorType(x.shape, F32))], {"to": 16}), "y")
+    got = TritonExecutable(g, device=device)({"x": x})["y"]
+    np.testing.assert_array_equal(got.view(np.uint16), x.astype(ml_dtypes.bfloat16).view(np.uint16))
 
 
 def _bn_params(rng: np.random.Generator, c: int) -> list[np.ndarray]:

@@ -119,3 +119,18 @@ def test_a_bfloat16_model_runs_on_triton_and_eagerly_on_the_numpy_backend(zoo):
     x = zoo.randn(rng, 4, 32).to(torch.bfloat16)
     with torch.no_grad(), pytest.warns(TilefoldFallbackWarning, match="element type torch.bfloat16"):
         torch.testing.assert_close(on_numpy(x), model(x))
+
+
+def test_casts_to_and_from_bfloat16_run_on_triton(zoo):
+    """BERT in bfloat16 casts its attention mask to the model's type (Cast to=16)."""
+
+    def f(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return (x.to(torch.bfloat16) * (1.0 - mask.to(torch.bfloat16))).float() + mask.float()
+
+    reports = []
+    compiled = torch.compile(f, backend="tilefold", options={"device": "interp", "report": reports.append})
+    rng = np.random.default_rng(10)
+    x, mask = zoo.randn(rng, 3, 8), torch.from_numpy(rng.integers(0, 2, (3, 8)))
+    with torch.no_grad():  # a fused kernel rounds to bfloat16 once, eager after each op: a step apart at most
+        torch.testing.assert_close(compiled(x, mask), f(x, mask), atol=1e-2, rtol=1e-2)
+    assert reports[0].fallback == {}
