@@ -272,8 +272,8 @@ class GraphRun:
         self.single = not isinstance(outputs, (tuple, list))
         vals = [o.meta.get("val") if isinstance(o, torch.fx.Node) else None
                 for o in ([outputs] if self.single else outputs)]
-        self.metas = [v if isinstance(v, torch.Tensor) else None for v in vals]  # fake tensors: dtype, device
-        self.dtypes = [None if v is None else torch_to_numpy_dtype(v.dtype) for v in self.metas]
+        self.kinds = [(v.device, v.dtype) if isinstance(v, torch.Tensor) else None for v in vals]  # as traced
+        self.dtypes = [None if kind is None else torch_to_numpy_dtype(kind[1]) for kind in self.kinds]
 
     def __call__(self, args: Sequence[Any]) -> Any:
         if self.on_tensors:
@@ -300,12 +300,12 @@ class GraphRun:
         of the dtype and on the device that tracing saw."""
         results = self.executable.run({name: args[i].detach() for i, name in self.feeds}, tensors=True)
         outs: list[Any] = []
-        for entry, meta in zip(self.plan, self.metas):
+        for entry, kind in zip(self.plan, self.kinds):
             if isinstance(entry, dict):
                 outs.append(entry["value"])
                 continue
             tensor = results[entry]
-            outs.append(tensor if meta is None else tensor.to(meta.device, meta.dtype))
+            outs.append(tensor if kind is None else tensor.to(*kind))
         return outs[0] if self.single else tuple(outs)
 
 
