@@ -1,8 +1,9 @@
-"""Replay (replay.py): an executable whose steps all run on one Triton device records its first
-run and replays the recorded launches after it (one CUDA graph on a GPU). Every replayed run
+"""Replay (replay.py): an executable whose kernels run on one Triton device records its first
+run and replays the recorded launches after it (a CUDA graph per stretch of kernels on a GPU),
+with host steps, transfers and the copies of host values between them. Every replayed run
 gives the NumPy backend's outputs on its own fresh inputs, launches kernels only, counts the
 same transfers as a run step by step, and still raises for an index out of range; a schedule
-with a host step or two devices runs step by step and says why."""
+over two devices runs step by step and says why."""
 from __future__ import annotations
 
 import numpy as np
