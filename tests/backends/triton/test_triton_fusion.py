@@ -19,10 +19,10 @@ def _kernels(g: Graph) -> list[list[str]]:
     return [plan.nodes for plan in kernel_plans(g)]
 
 
-def _check(kit, g: Graph, feeds: dict[str, np.ndarray], device: str) -> None:
+def _check(kit, g: Graph, feeds: dict[str, np.ndarray], device: str, rtol: float = 1e-5, atol: float = 1e-6) -> None:
     got, want = kit.run_both(g, feeds, device)
     for name in want:
-        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(got[name], want[name], rtol=rtol, atol=atol, err_msg=name)
 
 
 def _masked_scores(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
@@ -58,7 +58,8 @@ def test_a_layer_norm_takes_an_elementwise_epilogue(kit, device):
     y = kit.add(g, "Relu", [y], name="relu")
     g.add_output(kit.add(g, "Cast", [y], {"to": 10}, name="half"), "y")  # float16
     assert _kernels(g) == [["norm", "scale", "relu", "half"]]
-    _check(kit, g, {"x": rng.standard_normal((5, 37)).astype(F32)}, device)
+    # one float16 step: a last-bit difference in float32 (a GPU's sqrt) may round either way
+    _check(kit, g, {"x": rng.standard_normal((5, 37)).astype(F32)}, device, rtol=1e-3, atol=1e-3)
 
 
 def test_a_matmul_then_silu_is_one_kernel(kit, device):

@@ -18,7 +18,12 @@ DEVICES = ["interp"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 @pytest.fixture(params=DEVICES)
-def device(request: pytest.FixtureRequest) -> str:
+def device(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A Triton device; on a GPU, eager PyTorch with TF32 off (cuDNN's default is on), so that
+    it computes float32 as tilefold's kernels do."""
+    if request.param == "cuda":
+        monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     return request.param
 
 
