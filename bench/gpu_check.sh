@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU check of issue 7 in one call, sized for a 15-minute device lease (a machine's start
-# takes 1-2 of them): one small model (stops the run if the backend cannot launch), the Triton
-# tests' cuda cases (not the sm_80/sm_90 compile tests, which CI runs without a GPU), then
+# takes 1-2 of them): one small model (stops the run if the backend cannot launch), the cuda
+# cases of the Triton tests and of the torch.compile backend's Triton tests (not the sm_80/sm_90
+# compile tests, which CI runs without a GPU), then
 # `python -m tilefold.bench.gpu`, each under its own time limit (the benchmark gets what the
 # tests leave of TOTAL_S).
 # Logs go to $OUT (the device tool's folder) or ./gpu-check; bench/RESULTS.md says what to record.
@@ -38,7 +39,7 @@ PY
 per_test=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout 120")  # a hung kernel fails its test alone
 # SIGINT at the limit: pytest then still prints its summary; failures.txt gets each traceback at once.
 # -v: one line per test as it ends, so a run stopped early still says what passed and failed.
-FAILURE_LOG="$out/failures.txt" timeout -s INT -k 20 "${TESTS_S:-270}" python3 -m pytest -p tilefold.bench.failure_log --rootdir=tests tests/backends/triton -v -n "${WORKERS:-12}" \
+FAILURE_LOG="$out/failures.txt" timeout -s INT -k 20 "${TESTS_S:-270}" python3 -m pytest -p tilefold.bench.failure_log --rootdir=tests tests/backends/triton tests/frontends/fx/test_fx_backend_triton.py -v -n "${WORKERS:-12}" \
     -p no:cacheprovider $per_test --tb=short -rfE -k "cuda and not cuda_compile" --junitxml="$out/tests.xml" > "$out/tests.log" 2>&1
 echo "tests exit $? after $((SECONDS - start)) s (124 or 130: stopped at ${TESTS_S:-270} s)"
 grep -E "^(FAILED|ERROR)|passed|failed" "$out/tests.log" | tail -40
