@@ -1,6 +1,6 @@
-"""Grouping nodes into kernels: an anchor (matmul, conv, a row op of its operand's shape such
-as softmax or layer norm) with the elementwise ops that follow it as its epilogue, and runs of
-elementwise ops as one chain kernel.
+"""Grouping nodes into kernels: an anchor (matmul, conv, a row op such as softmax, layer norm
+or a float reduction; its template says which take one) with the elementwise ops that follow
+it as its epilogue, and runs of elementwise ops as one chain kernel.
 
 A node joins the group of the producer of one of its operands when that producer is the
 group's last node, its result is read by this node alone (so it never needs a buffer), and
@@ -43,10 +43,6 @@ class Group:
         return Value(self.nodes[-1].name)
 
 
-EPILOGUE_KINDS = frozenset({"chain", "movement", "matmul", "conv", "rows"})
-"""Kinds whose last node may take elementwise nodes after it."""
-
-
 def _first_result_only(graph: Graph, producer: Node, value: Value) -> bool:
     """`value` is slot 0 of `producer`, whose other results nobody reads."""
     return value.slot == 0 and not any(graph.users(Value(producer.name, k)) for k in range(1, len(producer.outputs)))
@@ -82,8 +78,11 @@ def _diamond(graph: Graph, producer: Node, value: Value, node: Node, classify: C
     return closer
 
 
-def group_nodes(graph: Graph, classify: Callable[[Graph, Node], str], fuse: bool = True) -> list[Group]:
-    """The graph's compute nodes grouped into kernels, in a valid launch order."""
+def group_nodes(graph: Graph, classify: Callable[[Graph, Node], str], takes_epilogue: Callable[[Graph, Group], bool],
+                fuse: bool = True) -> list[Group]:
+    """The graph's compute nodes grouped into kernels, in a valid launch order; `classify`
+    gives a node's kind, `takes_epilogue` whether a group's kernel computes elementwise nodes
+    after its last one (templates.takes_epilogue)."""
     order = [n for n in graph.nodes() if n.op not in (INPUT, OUTPUT, CONSTANT)]
     position = {n.name: i for i, n in enumerate(order)}
     owner: dict[str, Group] = {}
@@ -98,7 +97,7 @@ def group_nodes(graph: Graph, classify: Callable[[Graph, Node], str], fuse: bool
                     continue
                 group = owner[value.node]
                 last = group.nodes[-1]
-                if group.kind not in EPILOGUE_KINDS or last.name != value.node:
+                if last.name != value.node or not takes_epilogue(graph, group):
                     continue
                 if _fusable(graph, last, value, node):
                     joined = group

@@ -20,7 +20,7 @@ from ...graph.errors import VerifyError, where
 from ...graph.graph import Graph, Node
 from ...layout.targets import GpuTarget, get_target
 from .fusion import Group, group_nodes
-from .templates import TEMPLATES, classify
+from .templates import TEMPLATES, classify, takes_epilogue
 
 
 def gpu_target(graph: Graph) -> GpuTarget:
@@ -76,7 +76,7 @@ def check(graph: Graph, group: Group, chosen: dict[str, Any]) -> None:
 
 
 def kernel_groups(graph: Graph, fuse: bool = True) -> list[Group]:
-    return group_nodes(graph, classify, fuse)
+    return group_nodes(graph, classify, takes_epilogue, fuse)
 
 
 def verify_launch(graph: Graph, fuse: bool = True) -> None:

@@ -182,6 +182,17 @@ def supports(graph: Graph, node: Node) -> bool:
     return axes is not None and row_length(graph, node) <= MAX_BLOCK
 
 
+def takes_epilogue(graph: Graph, node: Node) -> bool:
+    """Whether the kernel of `node` computes elementwise nodes after it on its result in
+    registers: every row op of its operand's shape, and a float or bool reduction (one value
+    per program: RMSNorm's rsqrt of a mean, the sdpa guard's Not of an any); not scans, TopK
+    or integer reductions (which widen 32-bit rows in registers)."""
+    if node.op in ROW_SHAPED:
+        return True
+    x = graph.type_of(graph.inputs_of(node.name)[0])  # type: ignore[arg-type]
+    return node.op in REDUCE_OPS and (is_float(x) or x.dtype == np.bool_)
+
+
 def supports_rows(graph: Graph, node: Node) -> bool:
     """A row op of the operand's shape (ROW_SHAPED) that this template runs."""
     return node.op in ROW_SHAPED and supports(graph, node)
@@ -419,16 +430,19 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
         if op in EXTREMES and not logical:  # a NaN in the row is the answer, as in numpy
             lines.append("y = tl.where(tl.sum((x != x).to(tl.float32), axis=0) > 0, float('nan'), y)")
         store_index = _reduced_index(node, names, axes)
-    if op in ROW_SHAPED:
-        axis_names = [names[d] for d in axes]
-        loader = Loader(graph, names, shape, "mask", params, blocks=axis_names)  # type: ignore[arg-type]
-        epilogue, var = emit_chain(graph, nodes[1:], loader, {Value(node.name): "y"})
-        final = nodes[-1].outputs[0]
-        lines += epilogue
-        lines.append(f"tl.store(out0 + {offset(final, names)}, {store_expr(var or 'y', final)}, mask=mask)  "
-                     f"# {nodes[-1].name} ({nodes[-1].op}): {final}")
-        return jit_function(fn_name, len(params), lines), params
-    lines.append(f"tl.store(out0 + {offset(out, store_index)}, {store_expr('y', out)})  # {node.name} ({op}): {out}")
+    if op in ROW_SHAPED:  # the epilogue iterates the row: a block, masked
+        index: list[str | None] = list(names)
+        loader = Loader(graph, index, shape, "mask", params, blocks=[names[d] for d in axes])  # type: ignore[arg-type]
+        mask = ", mask=mask"
+    else:  # one value per program: scalar loads
+        index = store_index
+        loader = Loader(graph, index, [int(d) for d in out.shape], "mask", params, blocks=[])  # type: ignore[arg-type]
+        mask = ""
+    epilogue, var = emit_chain(graph, nodes[1:], loader, {Value(node.name): "y"})
+    final = nodes[-1].outputs[0]
+    lines += epilogue
+    lines.append(f"tl.store(out0 + {offset(final, index)}, {store_expr(var or 'y', final)}{mask})  "
+                 f"# {nodes[-1].name} ({nodes[-1].op}): {final}")
     return jit_function(fn_name, len(params), lines), params
 
 

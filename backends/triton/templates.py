@@ -44,6 +44,8 @@ class Template:
     check: Callable[[Graph, Nodes, dict[str, Any]], "str | None"] = lambda graph, nodes, config: None
     results: Callable[[Nodes], list[Value]] = lambda nodes: [Value(nodes[-1].name)]
     prefill: Callable[[Graph, Nodes], "Value | None"] = lambda graph, nodes: None
+    epilogue: Callable[[Graph, Node], bool] = lambda graph, anchor: False
+    """Whether the kernel of a group with this anchor computes elementwise nodes after it."""
 
 
 def _numel(nodes: Nodes) -> int:
@@ -77,23 +79,28 @@ def _result_numel(graph: Graph, nodes: Nodes) -> int:
 
 def _rows(kind: str, supports: Callable[[Graph, Node], bool]) -> Template:
     """The row-reduction template (reduce.py): "rows" for the ops whose result has the
-    operand's shape (an epilogue may follow), "reduce" for the others."""
+    operand's shape, "reduce" for the others."""
     return Template(kind, supports, reduce.kernel, reduce.grid, constexprs=lambda config: {"BLOCK": config["BLOCK"]},
                     defaults=reduce.defaults, keys=frozenset({"BLOCK", "num_warps", "num_stages"}),
-                    check=reduce.check, results=reduce.results)
+                    check=reduce.check, results=reduce.results, epilogue=reduce.takes_epilogue)
+
+
+def _always(graph: Graph, anchor: Node) -> bool:
+    return True
 
 
 TEMPLATES: dict[str, Template] = {
-    "chain": _flat("chain", elementwise.supports, elementwise.chain_kernel, _result_numel),
-    "movement": _flat("movement", layout_ops.supports_head, elementwise.chain_kernel, _result_numel),
+    "chain": _flat("chain", elementwise.supports, elementwise.chain_kernel, _result_numel, epilogue=_always),
+    "movement": _flat("movement", layout_ops.supports_head, elementwise.chain_kernel, _result_numel,
+                      epilogue=_always),
     "matmul": Template(
         "matmul", matmul.supports, matmul.kernel, matmul.grid, matmul.constexprs, matmul.defaults,
         keys=frozenset({"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "input_precision"}),
-        tiles=matmul.tiles),
+        tiles=matmul.tiles, epilogue=_always),
     "conv": Template(
         "conv", conv.supports, conv.kernel, conv.grid, conv.constexprs, conv.defaults,
         keys=frozenset({"BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "input_precision"}),
-        tiles=conv.tiles),
+        tiles=conv.tiles, epilogue=_always),
     "rows": _rows("rows", reduce.supports_rows),
     "reduce": _rows("reduce", reduce.supports),
     "split": _flat("split", split.supports, split.kernel, split.numel, results=split.results),
@@ -161,6 +168,13 @@ RULES: list[tuple[str, Callable[[Graph, Node], bool]]] = [
                                                                  "split", "scatter")),
 ]
 """Which kernel runs a node: the first rule that holds (else the NumPy backend)."""
+
+
+def takes_epilogue(graph: Graph, group: Any) -> bool:
+    """Whether the kernel of `group` (a fusion.Group) computes elementwise nodes after it: its
+    template's rule for its anchor."""
+    template = TEMPLATES.get(group.kind)
+    return template is not None and template.epilogue(graph, group.anchor)
 
 
 def classify(graph: Graph, node: Node) -> str:

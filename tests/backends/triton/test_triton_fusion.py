@@ -99,10 +99,40 @@ def test_a_value_read_outside_the_group_is_written(kit, device):
     _check(kit, g, {"x": _masked_scores(np.random.default_rng(4), shape)}, device)
 
 
-def test_a_reduction_to_fewer_elements_takes_no_epilogue(kit, device):
-    g = Graph("sum_then_relu")
-    total = kit.add(g, "ReduceSum", [g.add_input("x", TensorType((4, 11), F32)),
+@pytest.mark.parametrize("keepdims", [1, 0])
+def test_a_float_reduction_takes_an_epilogue_on_its_one_value_per_row(kit, device, keepdims):
+    """RMSNorm's rsqrt of a mean square: Pow, then ReduceMean with Add, Sqrt and Reciprocal in
+    its kernel, computed once per row."""
+    g = Graph("rms")
+    x = g.add_input("x", TensorType((3, 4, 19), F32))
+    square = kit.add(g, "Pow", [x, g.add_constant(np.array(2, F32), name="two")], name="square")
+    mean = kit.add(g, "ReduceMean", [square, g.add_constant(np.array([-1], np.int64), name="axes")],
+                   {"keepdims": keepdims}, name="mean")
+    shifted = kit.add(g, "Add", [mean, g.add_constant(np.array(1e-6, F32), name="eps")], name="eps_add")
+    root = kit.add(g, "Sqrt", [shifted], name="root")
+    g.add_output(kit.add(g, "Reciprocal", [root], name="rstd"), "y")
+    assert _kernels(g) == [["square"], ["mean", "eps_add", "root", "rstd"]]
+    _check(kit, g, {"x": np.random.default_rng(6).standard_normal((3, 4, 19)).astype(F32)}, device)
+
+
+def test_an_any_of_a_bool_row_takes_its_not(kit, device):
+    """The sdpa guard's Not(ReduceMax(bool row)): one kernel."""
+    g = Graph("any")
+    b = g.add_input("b", TensorType((2, 3, 9), np.bool_))
+    anything = kit.add(g, "ReduceMax", [b, g.add_constant(np.array([-1], np.int64), name="axes")], name="any")
+    g.add_output(kit.add(g, "Not", [anything], name="none"), "y")
+    assert _kernels(g) == [["any", "none"]]
+    rows = np.random.default_rng(7).random((2, 3, 9)) < 0.1
+    rows[0, 1] = False
+    _check(kit, g, {"b": rows}, device)
+
+
+def test_an_integer_reduction_takes_no_epilogue(kit, device):
+    """Integer rows widen in registers (32-bit sums load as int64): their results are stored
+    in their own type before anything reads them."""
+    g = Graph("int_sum")
+    total = kit.add(g, "ReduceSum", [g.add_input("x", TensorType((4, 11), np.int32)),
                                      g.add_constant(np.array([1], np.int64), name="axes")], name="total")
-    g.add_output(kit.add(g, "Relu", [total], name="relu"), "y")
-    assert _kernels(g) == [["total"], ["relu"]]
-    _check(kit, g, {"x": np.random.default_rng(5).standard_normal((4, 11)).astype(F32)}, device)
+    g.add_output(kit.add(g, "Mul", [total, g.add_constant(np.array(3, np.int32), name="three")], name="times"), "y")
+    assert _kernels(g) == [["total"], ["times"]]
+    _check(kit, g, {"x": np.random.default_rng(8).integers(-2**30, 2**30, (4, 11)).astype(np.int32)}, device)
