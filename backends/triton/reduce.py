@@ -193,11 +193,6 @@ def takes_epilogue(graph: Graph, node: Node) -> bool:
     return node.op in REDUCE_OPS and (is_float(x) or x.dtype == np.bool_)
 
 
-def supports_rows(graph: Graph, node: Node) -> bool:
-    """A row op of the operand's shape (ROW_SHAPED) that this template runs."""
-    return node.op in ROW_SHAPED and supports(graph, node)
-
-
 def _dtypes_ok(op: str, x: TensorType, out: TensorType) -> bool:
     """Float operand and result; bool ones for the reductions ONNX defines on bool; integer
     rows for the scans (ArgMax/ArgMin: of a float row too, into int64 indices) and the

@@ -77,14 +77,6 @@ def _result_numel(graph: Graph, nodes: Nodes) -> int:
     return _numel(nodes)
 
 
-def _rows(kind: str, supports: Callable[[Graph, Node], bool]) -> Template:
-    """The row-reduction template (reduce.py): "rows" for the ops whose result has the
-    operand's shape, "reduce" for the others."""
-    return Template(kind, supports, reduce.kernel, reduce.grid, constexprs=lambda config: {"BLOCK": config["BLOCK"]},
-                    defaults=reduce.defaults, keys=frozenset({"BLOCK", "num_warps", "num_stages"}),
-                    check=reduce.check, results=reduce.results, epilogue=reduce.takes_epilogue)
-
-
 def _always(graph: Graph, anchor: Node) -> bool:
     return True
 
@@ -101,8 +93,11 @@ TEMPLATES: dict[str, Template] = {
         "conv", conv.supports, conv.kernel, conv.grid, conv.constexprs, conv.defaults,
         keys=frozenset({"BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "input_precision"}),
         tiles=conv.tiles, epilogue=_always),
-    "rows": _rows("rows", reduce.supports_rows),
-    "reduce": _rows("reduce", reduce.supports),
+    "reduce": Template(
+        "reduce", reduce.supports, reduce.kernel, reduce.grid,
+        constexprs=lambda config: {"BLOCK": config["BLOCK"]}, defaults=reduce.defaults,
+        keys=frozenset({"BLOCK", "num_warps", "num_stages"}), check=reduce.check,
+        results=reduce.results, epilogue=reduce.takes_epilogue),
     "split": _flat("split", split.supports, split.kernel, split.numel, results=split.results),
     "scatter": _flat("scatter", scatter.supports, scatter.kernel, scatter.numel, prefill=scatter.prefill),
 }
@@ -164,8 +159,8 @@ RULES: list[tuple[str, Callable[[Graph, Node], bool]]] = [
     ("transfer", lambda graph, node: node.op == "Transfer"),
     ("static", lambda graph, node: static_result(graph, node) is not None),
     ("view", _view),
-    *((kind, TEMPLATES[kind].supports) for kind in ("matmul", "conv", "rows", "reduce", "chain", "movement",
-                                                                 "split", "scatter")),
+    *((kind, TEMPLATES[kind].supports) for kind in ("matmul", "conv", "reduce", "chain", "movement", "split",
+                                                                 "scatter")),
 ]
 """Which kernel runs a node: the first rule that holds (else the NumPy backend)."""
 
