@@ -190,16 +190,18 @@ def _bfloat16_widened(create_dot: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _bfloat16_rounded(cast_impl: Callable[..., Any]) -> Callable[..., Any]:
-    """Triton's interpreter narrows float32 to bfloat16 by truncating the mantissa (Triton
-    3.8's `cast_impl`), where a GPU rounds to nearest even (`cvt.rn`), as ml_dtypes and torch
-    do: the narrowing rounded to nearest even, NaN kept a quiet NaN."""
+    """Triton's interpreter casts to bfloat16 wrongly (Triton 3.8's `cast_impl`): float32 by
+    truncating the mantissa, where a GPU rounds to nearest even (`cvt.rn`), as ml_dtypes and
+    torch do; any other type by putting its values in the uint16 bits. Every cast to bfloat16
+    goes through float32 (exact for bool, integers up to 2**24 and float16, as ml_dtypes
+    converts), then rounds to nearest even, NaN kept a quiet NaN."""
     import triton.language as tl
     from triton.runtime.interpreter import TensorHandle
 
     def cast(src: Any, dst_type: Any) -> Any:
-        if src.dtype.scalar != tl.float32 or dst_type.scalar != tl.bfloat16:
+        if dst_type.scalar != tl.bfloat16 or src.dtype.scalar == tl.bfloat16:
             return cast_impl(src, dst_type)
-        bits = np.ascontiguousarray(src.data, dtype=np.float32).view(np.uint32)
+        bits = np.ascontiguousarray(src.data).astype(np.float32).view(np.uint32)
         rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
         nan = (bits & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
         return TensorHandle(np.where(nan, ((bits >> 16) | np.uint32(0x40)).astype(np.uint16), rounded), tl.bfloat16)

@@ -542,9 +542,7 @@ class TritonExecutable:
         """Every step in schedule order on `buffers` (the bound inputs; results are added, freed
         values dropped); `record`, when given, records the run (replay.py)."""
         moved: dict[tuple[Value, str], Any] = {}
-        for device in self.devices.values():
-            if device.flag_words is not None:
-                device.flag_words.zero_()
+        self._zero_flags()
         for step in self.steps:
             if record is not None and _reads_device_copies(step):
                 for v in step.ins:
@@ -572,9 +570,7 @@ class TritonExecutable:
 
     def _replay(self, record: Record, buffers: dict[Value, Any], tensors: bool) -> dict[str, Any]:
         """A run through the record of the first: fills, segments and reruns in order."""
-        for device in self.devices.values():
-            if device.flag_words is not None:
-                device.flag_words.zero_()
+        self._zero_flags()
         buffers.update(record.fixed)
         for fill in record.head:
             self._fill(fill.buffer, buffers[fill.value])
@@ -615,6 +611,11 @@ class TritonExecutable:
                 array = unpack(array, t.encoding, tuple(int(d) for d in t.shape))
             outputs[name] = self._to_device(array, self.device) if tensors else array
         return outputs
+
+    def _zero_flags(self) -> None:
+        for device in self.devices.values():
+            if device.flag_words is not None:
+                device.flag_words.zero_()
 
     def _check_flags(self) -> None:
         """The NumPy backend's error for the first lookup (in schedule order) that met an index

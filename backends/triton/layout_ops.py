@@ -50,8 +50,6 @@ def _cast(args: list[str], node: Node, consts: list[Any]) -> str:
         return f"({args[0]} != 0)"
     if name == "tl.float32" or is_integer(out):
         return f"{args[0]}.to({name})"
-    if name == "tl.bfloat16":  # through float32, as ml_dtypes converts (the interpreter puts an int's value in the bits)
-        return f"{args[0]}.to(tl.float32).to(tl.bfloat16).to(tl.float32)"
     return f"{args[0]}.to({name}).to(tl.float32)"
 
 
