@@ -354,10 +354,12 @@ def supports(graph: Graph, node: Node) -> bool:
 
 
 class Loader:
-    """Emits one load per operand value at the current logical index, and literal splats."""
+    """Emits one load per operand value at the current logical index, and literal splats;
+    the loaded values are named `prefix` and a number (two loaders of one kernel, at two
+    indices, take two prefixes)."""
 
     def __init__(self, graph: Graph, index: Sequence[str], out_shape: Sequence[int], mask: str,
-                 params: list[Value | Table], blocks: Sequence[str] | None = None) -> None:
+                 params: list[Value | Table], blocks: Sequence[str] | None = None, prefix: str = "x") -> None:
         self.graph = graph
         self.blocks = set(index if blocks is None else blocks)
         self.index = list(index)
@@ -366,6 +368,7 @@ class Loader:
         self.params = params
         self.lines: list[str] = []
         self.names: dict[tuple[Value, tuple[int, ...] | None], str] = {}
+        self.prefix = prefix
 
     def __call__(self, value: Value, dims: tuple[int, ...] | None = None) -> str:
         """The value's element at the current index: broadcast numpy-style, or (`dims`) a
@@ -381,7 +384,7 @@ class Loader:
         if value not in self.params:
             self.params.append(value)
         param = f"in{self.params.index(value)}"
-        var = f"x{len(self.names)}"
+        var = f"{self.prefix}{len(self.names)}"
         index = broadcast_index(t, self.index, self.out_shape) if dims is None else [self.index[d] for d in dims]
         where = offset(t, index)
         if any(i in self.blocks for i in index if i is not None):

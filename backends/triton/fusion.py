@@ -3,14 +3,26 @@ or a float reduction; its template says which take one) with the elementwise ops
 it as its epilogue, and runs of elementwise ops as one chain kernel.
 
 A node joins the group of the producer of one of its operands when that producer is the
-group's last node, its result is read by this node alone (so it never needs a buffer), and
-the node's result has the producer's shape (an epilogue or a chain iterates one index space;
-other operands may broadcast into it). One shape with two readers joins too, a diamond: the
-producer's result read by the node and by one other elementwise node that reads the node's
-result, its only reader (the safe softmax's Where(IsNaN(s), 0, s), SiLU's x * sigmoid(x));
-that other node then joins the same group when its turn comes (`owed`). A group runs at the
-place of its last node in the topological order: every operand of every member is ready by
-then, and every result a group does not write is read inside it alone (checked).
+group's last node and the producer's result is read inside a closed region: the elementwise
+nodes from its readers up to the first node that every path from the producer passes
+through (its post-dominator), all of the producer's shape (an epilogue or a chain iterates
+one index space; other operands may broadcast into it), each result but the last read inside
+the region alone (so it never needs a buffer). Most regions are one node, the producer's
+only reader; a diamond is more: the safe softmax's Where(IsNaN(s), 0, s), SiLU's
+x * sigmoid(x), GPT-2's tanh GELU, which reads x three times. The region's other nodes then
+join the same group when their turn comes (`owed`). A template may let an epilogue widen to
+another shape (templates.epilogue_shapes): a reduction that keeps its dims goes on from its one
+value per row to the row (RMSNorm's x * rsqrt(mean(x * x) + eps)).
+
+A row op whose template takes a prologue (a float or bool reduction, softmax, a norm: see
+templates.takes_prologue) joins the chain group that computes its operand, when it is that
+value's only reader: the chain is then computed on the row in registers before the reduction
+(the sdpa guard's Not(x == -inf) before its any, RMSNorm's square before its mean); the
+group's `head` counts the nodes before its anchor.
+
+A group runs at the place of its last node in the topological order: every operand of every
+member is ready by then, and every result a group does not write is read inside it alone
+(checked).
 """
 from __future__ import annotations
 
@@ -22,17 +34,22 @@ from ...graph.types import Value
 
 HOST_DEVICE = "cpu"
 
+REGION_LIMIT = 64
+"""The most nodes one region may hold: the search for a region's end stops there."""
+
 
 @dataclass
 class Group:
-    """Nodes run by one kernel: `kind` names the template ("numpy": the NumPy backend)."""
+    """Nodes run by one kernel: `kind` names the template ("numpy": the NumPy backend);
+    `head` how many of them (a prologue) come before its anchor."""
 
     kind: str
     nodes: list[Node]
+    head: int = 0
 
     @property
     def anchor(self) -> Node:
-        return self.nodes[0]
+        return self.nodes[self.head]
 
     @property
     def names(self) -> list[str]:
@@ -48,64 +65,87 @@ def _first_result_only(graph: Graph, producer: Node, value: Value) -> bool:
     return value.slot == 0 and not any(graph.users(Value(producer.name, k)) for k in range(1, len(producer.outputs)))
 
 
-def _single_reader(graph: Graph, producer: Node, value: Value, reader: str) -> bool:
-    """`value` is `producer`'s only read result, and `reader` alone reads it."""
-    return _first_result_only(graph, producer, value) and all(user == reader for user, _ in graph.users(value))
+def _readers(graph: Graph, value: Value) -> set[str]:
+    return {user for user, _ in graph.users(value)}
 
 
-def _same_shape(a: Node, b: Node) -> bool:
-    return tuple(a.outputs[0].shape) == tuple(b.outputs[0].shape)
+def _region(graph: Graph, producer: Node, value: Value, shape: tuple[int, ...], is_free: Callable[[Node], bool],
+            position: dict[str, int]) -> list[Node] | None:
+    """The nodes from `value`'s readers to the first one every path from `producer` passes
+    through, in topological order, where all are free chain nodes (`is_free`) of `shape`
+    and each but the last is read inside the region alone; None otherwise (a reader that is a
+    graph output, an anchor, another shape, or more than REGION_LIMIT nodes).
 
-
-def _fusable(graph: Graph, producer: Node, value: Value, node: Node) -> bool:
-    return _single_reader(graph, producer, value, node.name) and _same_shape(node, producer)
-
-
-def _diamond(graph: Graph, producer: Node, value: Value, node: Node, classify: Callable[[Graph, Node], str]
-             ) -> Node | None:
-    """The node that closes a diamond over `value`: where `value` is read by `node` and by one
-    other elementwise node that also reads `node`'s result, its only reader (the safe-softmax
-    guard: Where(IsNaN(s), 0, s)), that node; both may then join `producer`'s group, `value`
-    staying in registers. None for any other shape of graph."""
+    Walked in topological order: `pending` holds the readers of the region's results not yet
+    in it; the node whose turn leaves nothing pending closes the region."""
     if not _first_result_only(graph, producer, value):
         return None
-    others = {user for user, _ in graph.users(value)} - {node.name}
-    if len(others) != 1 or not _same_shape(node, producer):
-        return None
-    closer = graph.node(others.pop())
-    if classify(graph, closer) != "chain" or not _fusable(graph, node, Value(node.name), closer):
-        return None
-    return closer
+    region: list[Node] = []
+    pending = _readers(graph, value)
+    while pending and len(region) < REGION_LIMIT:
+        if not pending <= position.keys():
+            return None  # a graph output
+        name = min(pending, key=position.__getitem__)
+        pending.discard(name)
+        node = graph.node(name)
+        if not (is_free(node) and tuple(node.outputs[0].shape) == shape and _first_result_only(graph, node, Value(name))):
+            return None
+        region.append(node)
+        if not pending:
+            return region
+        pending |= _readers(graph, Value(name))
+    return None
 
 
-def group_nodes(graph: Graph, classify: Callable[[Graph, Node], str], takes_epilogue: Callable[[Graph, Group], bool],
+def _prologue(graph: Graph, node: Node, owner: dict[str, Group]) -> Group | None:
+    """The chain group whose last node computes `node`'s first operand, read by `node` alone
+    and only there: `node`'s kernel can compute that chain on its row (None where none)."""
+    values = graph.inputs_of(node.name)
+    value = values[0] if values else None
+    group = owner.get(value.node) if value is not None else None
+    if group is None or group.kind != "chain" or group.nodes[-1].name != value.node:  # type: ignore[union-attr]
+        return None
+    only_here = _readers(graph, value) == {node.name} and values.count(value) == 1  # type: ignore[arg-type]
+    return group if only_here and _first_result_only(graph, group.nodes[-1], value) else None  # type: ignore[arg-type]
+
+
+def group_nodes(graph: Graph, classify: Callable[[Graph, Node], str],
+                epilogue_shapes: Callable[[Graph, Group], list[tuple[int, ...]]],
+                takes_prologue: Callable[[Graph, str, Node], bool] = lambda graph, kind, node: False,
                 fuse: bool = True) -> list[Group]:
     """The graph's compute nodes grouped into kernels, in a valid launch order; `classify`
-    gives a node's kind, `takes_epilogue` whether a group's kernel computes elementwise nodes
-    after its last one (templates.takes_epilogue)."""
+    gives a node's kind, `epilogue_shapes` the shapes of the elementwise nodes a group's
+    kernel may compute after its last one (none: it takes no epilogue), `takes_prologue`
+    whether an anchor of a kind computes the chain that gives its operand
+    (templates.epilogue_shapes, templates.takes_prologue)."""
     order = [n for n in graph.nodes() if n.op not in (INPUT, OUTPUT, CONSTANT)]
     position = {n.name: i for i, n in enumerate(order)}
     owner: dict[str, Group] = {}
-    owed: dict[str, Group] = {}  # the node that closes a diamond -> the group it must join
+    owed: dict[str, Group] = {}  # a region's later nodes -> the group they must join
+
+    def is_free(node: Node) -> bool:
+        return node.name not in owner and node.name not in owed and classify(graph, node) == "chain"
+
     groups: list[Group] = []
     for node in order:
         kind = classify(graph, node)
         joined = owed.pop(node.name, None)
         if fuse and kind == "chain" and joined is None:
             for value in graph.inputs_of(node.name):
-                if value is None or value.node not in owner:
+                group = owner.get(value.node) if value is not None else None
+                if group is None or group.nodes[-1].name != value.node:
                     continue
-                group = owner[value.node]
-                last = group.nodes[-1]
-                if last.name != value.node or not takes_epilogue(graph, group):
-                    continue
-                if _fusable(graph, last, value, node):
+                region = next(filter(None, (_region(graph, group.nodes[-1], value, shape, is_free, position)  # type: ignore[arg-type]
+                                            for shape in epilogue_shapes(graph, group))), None)
+                if region is not None:
+                    assert region[0] is node, (region[0].name, node.name)
+                    owed.update((later.name, group) for later in region[1:])
                     joined = group
                     break
-                closer = _diamond(graph, last, value, node, classify)
-                if closer is not None:
-                    joined = owed[closer.name] = group
-                    break
+        if fuse and joined is None and takes_prologue(graph, kind, node):
+            joined = _prologue(graph, node, owner)
+            if joined is not None:
+                joined.kind, joined.head = kind, len(joined.nodes)
         if joined is None:
             joined = Group(kind, [])
             groups.append(joined)

@@ -1,8 +1,8 @@
 """Launch configuration as data on the nodes: defaults, user overrides, verification.
 
 A kernel's configuration (block sizes, `num_warps`, `num_stages`, for matmul the dot's
-`input_precision`) is stored on the first node of its group (`node.launch`, a dict; the ONNX
-writer keeps it), so it travels with the graph: `set_launch(graph, "matmul*", BLOCK_M=64)`
+`input_precision`) is stored on its group's anchor, the first node but a prologue's
+(`node.launch`, a dict; the ONNX writer keeps it), so it travels with the graph: `set_launch(graph, "matmul*", BLOCK_M=64)`
 from Python, or the attribute in an optimized ONNX file. What is not set comes from the
 defaults, computed here from shapes and dtypes and the gpu target's facts (`GpuTarget.block`,
 the tile; `GpuTarget.programs`, the grid that keeps the GPU busy: the target owns the device
@@ -20,7 +20,7 @@ from ...graph.errors import VerifyError, where
 from ...graph.graph import Graph, Node
 from ...layout.targets import GpuTarget, get_target
 from .fusion import Group, group_nodes
-from .templates import TEMPLATES, classify, takes_epilogue
+from .templates import TEMPLATES, classify, epilogue_shapes, takes_prologue
 
 
 def gpu_target(graph: Graph) -> GpuTarget:
@@ -76,7 +76,7 @@ def check(graph: Graph, group: Group, chosen: dict[str, Any]) -> None:
 
 
 def kernel_groups(graph: Graph, fuse: bool = True) -> list[Group]:
-    return group_nodes(graph, classify, takes_epilogue, fuse)
+    return group_nodes(graph, classify, epilogue_shapes, takes_prologue, fuse)
 
 
 def verify_launch(graph: Graph, fuse: bool = True) -> None:

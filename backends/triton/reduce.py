@@ -7,6 +7,13 @@ one block of BLOCK >= its length, read through the operand's encoding and masked
 logical length, so a row over a tiled dim never reads the padding (whose contents are unknown
 after an elementwise op). Statistics are computed in float32.
 
+Around a float or bool row op (fusion.py): a prologue, the elementwise chain that computes the
+row, in registers where the row would be loaded (lanes past it set to what a masked load
+gives); an epilogue after it, on the row for the row ops of their operand's shape, on the one
+value per row for a reduction, then over the whole row again where the reduction keeps its
+dims (`widens`): RMSNorm's square, mean, rsqrt and scaling are one kernel. Loads of the
+epilogue's one value per row are scalars named apart from the row's.
+
 ReduceMax and ReduceMin also run on bool (ONNX opset 20: any and all; torch's safe-softmax
 guard in transformers' sdpa attention reduces a bool row this way): the row is loaded as 0/1
 integers, masked-off lanes holding the reduction's neutral element (BOOL_NEUTRAL), reduced by
@@ -164,8 +171,17 @@ def _supports_topk(graph: Graph, node: Node, x: TensorType) -> bool:
     return length <= TOPK_MAX_BLOCK or (length <= TOPK_MAX_ROW and x.dtype != np.int64 and 2 * k <= TOPK_MAX_BLOCK)
 
 
+ROW_OPS = frozenset({"Softmax", "LogSoftmax", *NORMALIZATIONS, *REDUCE_OPS, *SCANS, "TopK"})
+
+
+def split(nodes: list[Node]) -> tuple[list[Node], Node, list[Node]]:
+    """A group's prologue (elementwise nodes computing the row), its row op, its epilogue."""
+    k = next(i for i, n in enumerate(nodes) if n.op in ROW_OPS)
+    return nodes[:k], nodes[k], nodes[k + 1:]
+
+
 def supports(graph: Graph, node: Node) -> bool:
-    if node.op not in ("Softmax", "LogSoftmax", *NORMALIZATIONS, *REDUCE_OPS, *SCANS, "TopK"):
+    if node.op not in ROW_OPS:
         return False
     values = graph.inputs_of(node.name)
     x = graph.type_of(values[0]) if values and values[0] is not None else None
@@ -193,6 +209,24 @@ def takes_epilogue(graph: Graph, node: Node) -> bool:
     return node.op in REDUCE_OPS and (is_float(x) or x.dtype == np.bool_)
 
 
+def widens(graph: Graph, node: Node) -> tuple[int, ...] | None:
+    """The row's shape, where the epilogue of a float or bool reduction that keeps its reduced
+    dims may go on from its one value per row to the whole row, in registers (RMSNorm's
+    x * rsqrt(mean(x * x) + eps) after the mean); None for other row ops."""
+    keeps = node.op in ("GlobalAveragePool", "GlobalMaxPool") or node.attrs.get("keepdims", 1)
+    if node.op not in REDUCE_OPS or not keeps or not takes_epilogue(graph, node):
+        return None
+    return tuple(int(d) for d in graph.type_of(graph.inputs_of(node.name)[0]).shape)  # type: ignore[arg-type]
+
+
+def takes_prologue(graph: Graph, node: Node) -> bool:
+    """Whether the kernel of `node` computes the elementwise chain that gives its row, in
+    registers where it would load it: the float and bool reductions and the row ops of their
+    operand's shape (not scans, TopK or integer reductions, which read their row otherwise)."""
+    x = graph.type_of(graph.inputs_of(node.name)[0])  # type: ignore[arg-type]
+    return (node.op in ROW_SHAPED or node.op in REDUCE_OPS) and (is_float(x) or x.dtype == np.bool_)
+
+
 def _dtypes_ok(op: str, x: TensorType, out: TensorType) -> bool:
     """Float operand and result; bool ones for the reductions ONNX defines on bool; integer
     rows for the scans (ArgMax/ArgMin: of a float row too, into int64 indices) and the
@@ -214,18 +248,20 @@ def row_length(graph: Graph, node: Node) -> int:
 
 
 def defaults(graph: Graph, nodes: list[Node], target: GpuTarget) -> dict[str, Any]:
-    block = max(target.block, next_pow2(row_length(graph, nodes[0])))
-    if nodes[0].op == "TopK" and topk_in_pieces(graph, nodes[0]):
-        block = max(TOPK_PIECE, next_pow2(2 * (topk_k(graph, nodes[0]) or 1)))
+    _, node, _ = split(nodes)
+    block = max(target.block, next_pow2(row_length(graph, node)))
+    if node.op == "TopK" and topk_in_pieces(graph, node):
+        block = max(TOPK_PIECE, next_pow2(2 * (topk_k(graph, node) or 1)))
     return {"BLOCK": block, "num_warps": 4 if block <= 2048 else 8, "num_stages": 1}
 
 
 def check(graph: Graph, nodes: list[Node], config: dict[str, Any]) -> str | None:
-    length, block = row_length(graph, nodes[0]), config["BLOCK"]
-    if nodes[0].op == "TopK" and block > TOPK_MAX_BLOCK:
+    _, node, _ = split(nodes)
+    length, block = row_length(graph, node), config["BLOCK"]
+    if node.op == "TopK" and block > TOPK_MAX_BLOCK:
         return f"BLOCK={block} is longer than a TopK row may be ({TOPK_MAX_BLOCK}: its sort keys' index bits)"
-    if nodes[0].op == "TopK" and topk_in_pieces(graph, nodes[0]):
-        k = topk_k(graph, nodes[0]) or 0
+    if node.op == "TopK" and topk_in_pieces(graph, node):
+        k = topk_k(graph, node) or 0
         if block < 2 * k:
             return f"BLOCK={block} holds less than twice K={k} (a TopK row read in pieces carries its best K)"
         return None
@@ -355,7 +391,7 @@ def _reduced_index(node: Node, names: list[str], axes: tuple[int, ...]) -> list[
 
 
 def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Value]]:
-    node = nodes[0]
+    prologue, node, epilogue = split(nodes)
     values = graph.inputs_of(node.name)
     x_t = graph.type_of(values[0])  # type: ignore[arg-type]
     out = node.outputs[0]
@@ -367,7 +403,7 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
     rows = [d for d in range(len(shape)) if d not in axes]
     lines = ["row = tl.program_id(0)"]
     lines += unravel("row", [shape[d] for d in rows], [names[d] for d in rows])
-    params: list[Value] = [values[0]]  # type: ignore[list-item]
+    params: list[Value] = [] if prologue else [values[0]]  # type: ignore[list-item]
     op = node.op
     if op == "TopK":
         lines += _topk(graph, node, x_t, names, axes[0], length)
@@ -386,7 +422,14 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
         lines += unravel("col", [shape[d] for d in axes], [names[d] for d in axes])
     other = REDUCE_OPS[op][1] if op in REDUCE_OPS else "-float('inf')" if op in ("Softmax", "LogSoftmax") else "0.0"
     logical = x_t.dtype == np.bool_
-    if logical:
+    row = Loader(graph, names, shape, "mask", params, blocks=[names[d] for d in axes])  # the row's operands
+    env: dict[Value, str] = {}
+    if prologue:  # the row computed in registers; lanes past it hold what a masked load gives
+        computed, var = emit_chain(graph, prologue, row, env)
+        lines += computed
+        load = f"tl.where(mask, {var}.to(tl.int32), {BOOL_NEUTRAL[op]})" if logical else \
+            f"tl.where(mask, {var}, {other})"
+    elif logical:
         load = f"tl.load(in0 + {offset(x_t, names)}, mask=mask, other={BOOL_NEUTRAL[op]}).to(tl.int32)"
     elif is_integer(x_t):
         load = f"tl.load(in0 + {offset(x_t, names)}, mask=mask, other={_integer_neutral(op, x_t)})"
@@ -425,25 +468,30 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
         if op in EXTREMES and not logical:  # a NaN in the row is the answer, as in numpy
             lines.append("y = tl.where(tl.sum((x != x).to(tl.float32), axis=0) > 0, float('nan'), y)")
         store_index = _reduced_index(node, names, axes)
-    if op in ROW_SHAPED:  # the epilogue iterates the row: a block, masked
-        index: list[str | None] = list(names)
-        loader = Loader(graph, index, shape, "mask", params, blocks=[names[d] for d in axes])  # type: ignore[arg-type]
-        mask = ", mask=mask"
-    else:  # one value per program: scalar loads
-        index = store_index
-        loader = Loader(graph, index, [int(d) for d in out.shape], "mask", params, blocks=[])  # type: ignore[arg-type]
-        mask = ""
-    epilogue, var = emit_chain(graph, nodes[1:], loader, {Value(node.name): "y"})
+    env[Value(node.name)] = "y"
+    wide = 0 if op in ROW_SHAPED else next(
+        (k for k, n in enumerate(epilogue) if [int(d) for d in n.outputs[0].shape] == shape), len(epilogue))
+    if wide:  # one value per program first: scalar loads
+        scalar = Loader(graph, store_index, [int(d) for d in out.shape], "mask", params, blocks=[], prefix="s")
+        computed, _ = emit_chain(graph, epilogue[:wide], scalar, env)
+        lines += computed
+    computed, var = emit_chain(graph, epilogue[wide:], row, env)  # the row: a block, masked
+    lines += computed
+    var = var or env[Value(nodes[-1].name)]
     final = nodes[-1].outputs[0]
-    lines += epilogue
-    lines.append(f"tl.store(out0 + {offset(final, index)}, {store_expr(var or 'y', final)}{mask})  "
+    if op in ROW_SHAPED or wide < len(epilogue):
+        index: list[str | None] = list(names)
+        mask = ", mask=mask"
+    else:
+        index, mask = store_index, ""
+    lines.append(f"tl.store(out0 + {offset(final, index)}, {store_expr(var, final)}{mask})  "
                  f"# {nodes[-1].name} ({nodes[-1].op}): {final}")
     return jit_function(fn_name, len(params), lines), params
 
 
 def grid(graph: Graph, nodes: list[Node], config: dict[str, Any]) -> tuple[int, ...]:
     """One program per row: the product of the kept dims (rows of no elements included)."""
-    node = nodes[0]
+    _, node, _ = split(nodes)
     x = graph.type_of(graph.inputs_of(node.name)[0])  # type: ignore[arg-type]
     axes = axes_of(graph, node) or ()
     return (max(1, int(np.prod([int(d) for k, d in enumerate(x.shape) if k not in axes], dtype=np.int64))),)

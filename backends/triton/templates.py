@@ -46,6 +46,12 @@ class Template:
     prefill: Callable[[Graph, Nodes], "Value | None"] = lambda graph, nodes: None
     epilogue: Callable[[Graph, Node], bool] = lambda graph, anchor: False
     """Whether the kernel of a group with this anchor computes elementwise nodes after it."""
+    widens: Callable[[Graph, Node], "tuple[int, ...] | None"] = lambda graph, anchor: None
+    """The shape an epilogue may go on in after one of the anchor's own result's shape (a
+    reduction's row, after its one value per row), or None."""
+    prologue: Callable[[Graph, Node], bool] = lambda graph, anchor: False
+    """Whether the kernel of this anchor computes the chain of elementwise nodes that gives its
+    first operand, on its row in registers (the chain's kernel and its result's buffer go)."""
 
 
 def _numel(nodes: Nodes) -> int:
@@ -97,7 +103,8 @@ TEMPLATES: dict[str, Template] = {
         "reduce", reduce.supports, reduce.kernel, reduce.grid,
         constexprs=lambda config: {"BLOCK": config["BLOCK"]}, defaults=reduce.defaults,
         keys=frozenset({"BLOCK", "num_warps", "num_stages"}), check=reduce.check,
-        results=reduce.results, epilogue=reduce.takes_epilogue),
+        results=reduce.results, epilogue=reduce.takes_epilogue, widens=reduce.widens,
+        prologue=reduce.takes_prologue),
     "split": _flat("split", split.supports, split.kernel, split.numel, results=split.results),
     "scatter": _flat("scatter", scatter.supports, scatter.kernel, scatter.numel, prefill=scatter.prefill),
 }
@@ -165,11 +172,23 @@ RULES: list[tuple[str, Callable[[Graph, Node], bool]]] = [
 """Which kernel runs a node: the first rule that holds (else the NumPy backend)."""
 
 
-def takes_epilogue(graph: Graph, group: Any) -> bool:
-    """Whether the kernel of `group` (a fusion.Group) computes elementwise nodes after it: its
-    template's rule for its anchor."""
+def epilogue_shapes(graph: Graph, group: Any) -> list[tuple[int, ...]]:
+    """The shapes of the elementwise nodes the kernel of `group` (a fusion.Group) may compute
+    after its last one: that node's, and the shape its template widens to (none where the
+    template's rule for its anchor says it takes no epilogue)."""
     template = TEMPLATES.get(group.kind)
-    return template is not None and template.epilogue(graph, group.anchor)
+    if template is None or not template.epilogue(graph, group.anchor):
+        return []
+    shapes = [tuple(int(d) for d in group.nodes[-1].outputs[0].shape)]
+    wide = template.widens(graph, group.anchor)
+    return shapes + ([wide] if wide is not None and wide not in shapes else [])
+
+
+def takes_prologue(graph: Graph, kind: str, node: Node) -> bool:
+    """Whether `node`, run by a kernel of `kind`, computes the chain before it in that kernel:
+    its template's rule."""
+    template = TEMPLATES.get(kind)
+    return template is not None and template.prologue(graph, node)
 
 
 def classify(graph: Graph, node: Node) -> str:

@@ -1,14 +1,16 @@
 """Fusion (fusion.py): a row op of its operand's shape (softmax, layer norm) takes the
-elementwise ops after it as an epilogue, and a value read by two nodes of a diamond (the safe
-softmax's Where(IsNaN(s), 0, s), SiLU's x * sigmoid(x)) stays in registers when both readers
-join its group. Each fused kernel matches the NumPy backend on fresh random inputs; a value
-something outside the group reads is still written."""
+elementwise ops after it as an epilogue; a value read by several nodes (the safe softmax's
+Where(IsNaN(s), 0, s), SiLU's x * sigmoid(x), GPT-2's tanh GELU) stays in registers when the
+region of its readers closes on one node; a reduction computes the chain that gives its row
+as a prologue, and its epilogue goes on over the row where it keeps its dims (RMSNorm). Each
+fused kernel matches the NumPy backend on fresh random inputs; a value something outside the
+group reads is still written."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from tilefold.backends.triton.executor import kernel_plans
+from tilefold.backends.triton.executor import kernel_plans, kernel_sources
 from tilefold.graph import Graph
 from tilefold.graph.types import TensorType
 
@@ -101,8 +103,8 @@ def test_a_value_read_outside_the_group_is_written(kit, device):
 
 @pytest.mark.parametrize("keepdims", [1, 0])
 def test_a_float_reduction_takes_an_epilogue_on_its_one_value_per_row(kit, device, keepdims):
-    """RMSNorm's rsqrt of a mean square: Pow, then ReduceMean with Add, Sqrt and Reciprocal in
-    its kernel, computed once per row."""
+    """RMSNorm's rsqrt of a mean square: ReduceMean with its prologue (Pow, on the row) and
+    its epilogue (Add, Sqrt and Reciprocal, once per row) in one kernel."""
     g = Graph("rms")
     x = g.add_input("x", TensorType((3, 4, 19), F32))
     square = kit.add(g, "Pow", [x, g.add_constant(np.array(2, F32), name="two")], name="square")
@@ -111,7 +113,7 @@ def test_a_float_reduction_takes_an_epilogue_on_its_one_value_per_row(kit, devic
     shifted = kit.add(g, "Add", [mean, g.add_constant(np.array(1e-6, F32), name="eps")], name="eps_add")
     root = kit.add(g, "Sqrt", [shifted], name="root")
     g.add_output(kit.add(g, "Reciprocal", [root], name="rstd"), "y")
-    assert _kernels(g) == [["square"], ["mean", "eps_add", "root", "rstd"]]
+    assert _kernels(g) == [["square", "mean", "eps_add", "root", "rstd"]]
     _check(kit, g, {"x": np.random.default_rng(6).standard_normal((3, 4, 19)).astype(F32)}, device)
 
 
@@ -136,3 +138,120 @@ def test_an_integer_reduction_takes_no_epilogue(kit, device):
     g.add_output(kit.add(g, "Mul", [total, g.add_constant(np.array(3, np.int32), name="three")], name="times"), "y")
     assert _kernels(g) == [["total"], ["times"]]
     _check(kit, g, {"x": np.random.default_rng(8).integers(-2**30, 2**30, (4, 11)).astype(np.int32)}, device)
+
+
+def _rms_norm(kit, g: Graph, x, weight: np.ndarray, name: str = "rms"):
+    """LLaMA's RMSNorm as torch traces it: x * rsqrt(mean(x^2) + eps) * weight."""
+    square = kit.add(g, "Pow", [x, g.add_constant(np.array(2, F32), name=f"{name}_two")], name=f"{name}_square")
+    mean = kit.add(g, "ReduceMean", [square, g.add_constant(np.array([-1], np.int64), name=f"{name}_axes")],
+                   name=f"{name}_mean")
+    shifted = kit.add(g, "Add", [mean, g.add_constant(np.array(1e-6, F32), name=f"{name}_eps")], name=f"{name}_eps_add")
+    rstd = kit.add(g, "Reciprocal", [kit.add(g, "Sqrt", [shifted], name=f"{name}_root")], name=f"{name}_rstd")
+    normed = kit.add(g, "Mul", [x, rstd], name=f"{name}_normed")
+    return kit.add(g, "Mul", [normed, g.add_constant(weight, name=f"{name}_weight")], name=f"{name}_scaled")
+
+
+@pytest.mark.parametrize("length", [16, 19])
+def test_rms_norm_is_one_kernel_that_widens_from_its_row_statistic_to_the_row(kit, device, length):
+    """The square is the mean's prologue, the rsqrt its epilogue on one value per row, and the
+    two Muls go on over the whole row, reading x where the prologue read it."""
+    g = Graph("rms")
+    rng = np.random.default_rng(8)
+    x = g.add_input("x", TensorType((2, 5, length), F32))
+    g.add_output(_rms_norm(kit, g, x, rng.uniform(0.5, 1.5, length).astype(F32)), "y")
+    assert _kernels(g) == [["rms_square", "rms_mean", "rms_eps_add", "rms_root", "rms_rstd", "rms_normed",
+                            "rms_scaled"]]
+    [(_, source)] = kernel_sources(g)
+    assert sum("# x: float32" in line for line in source.splitlines()) == 1
+    _check(kit, g, {"x": rng.standard_normal((2, 5, length)).astype(F32)}, device)
+
+
+def _tanh_gelu(kit, g: Graph, x):
+    """GPT-2's gelu_new as torch traces it: x is read by three nodes."""
+    def const(value: float, name: str):
+        return g.add_constant(np.array(value, F32), name=name)
+    half = kit.add(g, "Mul", [x, const(0.5, "half")], name="halved")
+    cube = kit.add(g, "Pow", [x, const(3.0, "three")], name="cube")
+    inner = kit.add(g, "Add", [x, kit.add(g, "Mul", [cube, const(0.044715, "k")], name="scaled_cube")], name="inner")
+    t = kit.add(g, "Tanh", [kit.add(g, "Mul", [inner, const(0.7978845608, "c")], name="pre")], name="tanh")
+    return kit.add(g, "Mul", [half, kit.add(g, "Add", [t, const(1.0, "one")], name="plus_one")], name="gelu")
+
+
+def test_a_tanh_gelu_that_reads_x_three_times_is_its_matmuls_epilogue(kit, device):
+    g = Graph("gelu")
+    rng = np.random.default_rng(9)
+    m = kit.add(g, "MatMul", [g.add_input("x", TensorType((6, 20), F32)),
+                              g.add_constant(rng.standard_normal((20, 18)).astype(F32), name="w")], name="mm")
+    g.add_output(_tanh_gelu(kit, g, m), "y")
+    assert _kernels(g) == [["mm", "halved", "cube", "scaled_cube", "inner", "pre", "tanh", "plus_one", "gelu"]]
+    _check(kit, g, {"x": rng.standard_normal((6, 20)).astype(F32)}, device)
+
+
+def test_a_region_that_does_not_close_on_elementwise_nodes_is_not_fused(kit, device):
+    """x is read by a Relu and a Neg; the Neg is also a graph output, so no single node closes
+    the region of x's readers: x is written, and each reader is a kernel of its own."""
+    g = Graph("open")
+    rng = np.random.default_rng(10)
+    m = kit.add(g, "MatMul", [g.add_input("x", TensorType((5, 12), F32)),
+                              g.add_constant(rng.standard_normal((12, 7)).astype(F32), name="w")], name="mm")
+    negated = kit.add(g, "Neg", [m], name="neg")
+    g.add_output(kit.add(g, "Add", [kit.add(g, "Relu", [m], name="relu"), negated], name="sum"), "y")
+    g.add_output(negated, "negated")
+    assert _kernels(g) == [["mm"], ["neg"], ["relu", "sum"]]
+    _check(kit, g, {"x": rng.standard_normal((5, 12)).astype(F32)}, device)
+
+
+def test_the_sdpa_guard_is_one_kernel_with_its_comparison_as_a_prologue(kit, device):
+    """torch's safe softmax asks whether a row of scores is all -inf: Not(any(Not(x == -inf)))."""
+    shape = (2, 3, 5, 9)
+    g = Graph("guard")
+    x = g.add_input("x", TensorType(shape, F32))
+    masked = kit.add(g, "Equal", [x, g.add_constant(np.array(-np.inf, F32), name="ninf")], name="masked")
+    kept = kit.add(g, "Not", [masked], name="kept")
+    anything = kit.add(g, "ReduceMax", [kept, g.add_constant(np.array([-1], np.int64), name="axes")], name="any")
+    g.add_output(kit.add(g, "Not", [anything], name="all_masked"), "y")
+    assert _kernels(g) == [["masked", "kept", "any", "all_masked"]]
+    scores = _masked_scores(np.random.default_rng(11), shape)
+    got, _ = kit.run_both(g, {"x": scores}, device)
+    assert got["y"][:, :, 1].all() and not got["y"][:, :, 0].all()  # row 1 is wholly masked
+    _check(kit, g, {"x": scores}, device)
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LayerNormalization"])
+def test_a_row_op_computes_the_chain_that_gives_its_row(kit, device, op):
+    """A scaled softmax, a layer norm of a residual sum: one kernel each; the row is never stored."""
+    g = Graph("prologue")
+    rng = np.random.default_rng(12)
+    shape = (3, 4, 21)
+    total = kit.add(g, "Add", [g.add_input("a", TensorType(shape, F32)), g.add_input("b", TensorType(shape, F32))],
+                    name="residual")
+    scaled = kit.add(g, "Mul", [total, g.add_constant(np.array(0.125, F32), name="scale")], name="scaled")
+    extra = [g.add_constant(rng.uniform(0.5, 1.5, 21).astype(F32), name="gamma")] if op != "Softmax" else []
+    g.add_output(kit.add(g, op, [scaled, *extra], {"axis": -1}, name="row"), "y")
+    assert _kernels(g) == [["residual", "scaled", "row"]]
+    _check(kit, g, {"a": rng.standard_normal(shape).astype(F32), "b": rng.standard_normal(shape).astype(F32)}, device)
+
+
+def test_a_chain_read_by_more_than_its_reduction_is_no_prologue(kit, device):
+    g = Graph("shared")
+    rng = np.random.default_rng(13)
+    square = kit.add(g, "Mul", [g.add_input("x", TensorType((4, 10), F32)), g.add_input("z", TensorType((4, 10), F32))],
+                     name="product")
+    g.add_output(kit.add(g, "ReduceSum", [square, g.add_constant(np.array([1], np.int64), name="axes")], name="total"),
+                 "y")
+    g.add_output(square, "product")
+    assert _kernels(g) == [["product"], ["total"]]
+    _check(kit, g, {"x": rng.standard_normal((4, 10)).astype(F32), "z": rng.standard_normal((4, 10)).astype(F32)},
+           device)
+
+
+def test_a_reduction_that_drops_its_dims_does_not_widen_to_the_row(kit, device):
+    """A column sum of shape (10,) broadcasts into x along rows: it is not x's per-row value, so
+    the Mul is a kernel of its own."""
+    g = Graph("dropped")
+    x = g.add_input("x", TensorType((4, 10), F32))
+    total = kit.add(g, "ReduceSum", [x, g.add_constant(np.array([0], np.int64), name="axes")], {"keepdims": 0},
+                    name="total")
+    g.add_output(kit.add(g, "Mul", [x, total], name="times"), "y")
+    assert _kernels(g) == [["total"], ["times"]]
+    _check(kit, g, {"x": np.random.default_rng(14).standard_normal((4, 10)).astype(F32)}, device)
