@@ -12,6 +12,10 @@ is faster).
    run launched step by step from Python (`replay=False`) beside the default, which replays
    each later run as one CUDA graph (backends/triton/replay.py): what launching costs.
 
+`--tune N` also autotunes the packed matmul and the conv (backends/triton/autotune.py, up to N
+launch configurations each, nearest the defaults first) and prints the tuned row with the
+configuration it chose: whether tuning closes the gap to cuBLAS is measured, not assumed.
+
 Float32 matmuls use IEEE precision on both sides (TF32 off) unless --tf32. `--dtype float16`
 or `bfloat16` runs the templates on operands of that type (tilefold accumulates in float32,
 as cuBLAS does); the ONNX models stay float32. `--torch-compile` adds ResNet-50 and BERT-base
@@ -19,7 +23,8 @@ as PyTorch modules in `--dtype` through `torch.compile(backend="tilefold", optio
 "cuda"})` against eager PyTorch in the same type.
 
     python -m tilefold.bench.gpu [--skip-templates] [--skip-models] [--skip-inductor] [--tf32]
-                                 [--dtype float32|float16|bfloat16] [--torch-compile] [--repeat 20]
+                                 [--dtype float32|float16|bfloat16] [--torch-compile] [--tune N]
+                                 [--repeat 20]
 
 Runs only where CUDA is present; elsewhere it prints one line and exits with status 0
 (`--device interp` runs the template part on tiny shapes under the interpreter, to check it).
@@ -98,6 +103,16 @@ def _kernels(graph: Any, feeds: dict[str, Any], tf32: bool, device: str) -> Call
     return lambda: [step.run(args) for step, args in launches]
 
 
+def _tuned(graph: Any, feeds: dict[str, Any], tune: int, device: str) -> tuple[Any, str]:
+    """`graph` with its kernels autotuned over up to `tune` configurations each, and what was
+    chosen (`BLOCK_M=64 ... num_stages=3`) for the row's label."""
+    from tilefold.backends.triton.autotune import autotune
+
+    chosen = autotune(graph, feeds, device=device, limit=tune)
+    return graph, "; ".join(" ".join(f"{k}={v}" for k, v in sorted(cfg.items()) if k != "input_precision")
+                            for cfg in chosen.values())
+
+
 def _row(name: str, ours: float, peer: float, peer_name: str) -> None:
     print(f"{name:<58} tilefold {ours * 1e3:9.3f} ms   {peer_name} {peer * 1e3:9.3f} ms   ratio {peer / ours:5.2f}x")
 
@@ -124,9 +139,11 @@ def _numpy_dtype(name: str) -> Any:
     return np.dtype(name)
 
 
-def bench_templates(repeat: int, tf32: bool, device: str = "cuda", dtype: str = "float32") -> list[str]:
+def bench_templates(repeat: int, tf32: bool, device: str = "cuda", dtype: str = "float32", tune: int = 0
+                    ) -> list[str]:
     """Prints one row per template and shape, operands of `dtype` on both sides (tilefold
-    accumulates float16 and bfloat16 in float32); returns the cases that failed."""
+    accumulates float16 and bfloat16 in float32), and with `tune` the packed matmul and the
+    conv autotuned; returns the cases that failed."""
     import torch
 
     rng = np.random.default_rng(0)
@@ -155,6 +172,14 @@ def bench_templates(repeat: int, tf32: bool, device: str = "cuda", dtype: str = 
             name = f"matmul {m}x{k}x{n} {label}"
             _guarded(name, lambda: _row(name, _time(_kernels(build(), {"a": a_dev}, tf32, device), repeat),
                                         peer, "cuBLAS"), failures)
+        if tune:
+            name = f"matmul {m}x{k}x{n} packed, tuned"
+
+            def tuned() -> None:
+                graph, chosen = _tuned(_tf32(variants["packed 16x16 weight"]()) if tf32 else
+                                       variants["packed 16x16 weight"](), {"a": a_dev}, tune, device)
+                _row(f"{name} ({chosen})", _time(_kernels(graph, {"a": a_dev}, tf32, device), repeat), peer, "cuBLAS")
+            _guarded(name, tuned, failures)
 
     def conv(batch: int, c: int, h: int, wd: int, f: int, k: int, s: int) -> None:
         x, x_dev = data(batch, c, h, wd)
@@ -162,8 +187,12 @@ def bench_templates(repeat: int, tf32: bool, device: str = "cuda", dtype: str = 
         attrs = {"strides": (s, s), "pads": (k // 2,) * 4}
         graph = _one_node("Conv", [("x", x, False), ("w", w, True)], attrs, "gpu")
         peer = _time(lambda: torch.nn.functional.conv2d(x_dev, w_dev, stride=s, padding=k // 2), repeat)
-        _row(f"conv {batch}x{c}x{h}x{wd} -> {f} k{k} s{s} (incl. NCHWc16 pack/unpack)",
-             _time(_kernels(graph, {"x": x_dev}, tf32, device), repeat), peer, "cuDNN")
+        name = f"conv {batch}x{c}x{h}x{wd} -> {f} k{k} s{s} (incl. NCHWc16 pack/unpack)"
+        _row(name, _time(_kernels(graph, {"x": x_dev}, tf32, device), repeat), peer, "cuDNN")
+        if tune:
+            graph, chosen = _tuned(_tf32(graph) if tf32 else graph, {"x": x_dev}, tune, device)
+            _row(f"{name}, tuned ({chosen})", _time(_kernels(graph, {"x": x_dev}, tf32, device), repeat), peer,
+                 "cuDNN")
 
     def softmax(rows: int, cols: int) -> None:
         x, x_dev = data(rows, cols)
@@ -339,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the templates' operands, and --torch-compile's models (the ONNX models stay float32)")
     parser.add_argument("--torch-compile", action="store_true",
                         help="also ResNet-50 and BERT-base through torch.compile(backend='tilefold') in --dtype")
+    parser.add_argument("--tune", type=int, default=0, metavar="N",
+                        help="also autotune the packed matmul and the conv over up to N configurations each")
     parser.add_argument("--device", default="cuda", choices=("cuda", "interp"),
                         help="interp: tiny shapes under Triton's interpreter, to check the script (no timing value)")
     args = parser.parse_args(argv)
@@ -349,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.device == "interp":
         print("device: Triton interpreter on the CPU (smoke run: tiny shapes, times mean nothing)")
-        failures = bench_templates(1, args.tf32, "interp", args.dtype)
+        failures = bench_templates(1, args.tf32, "interp", args.dtype, args.tune)
         if args.torch_compile:
             failures += bench_compiled(1, args.dtype, "interp")
         return 1 if failures else 0
@@ -359,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = args.tf32
     torch.backends.cudnn.allow_tf32 = args.tf32
     print(f"device: {torch.cuda.get_device_name()}, templates in {args.dtype}, TF32 {'on' if args.tf32 else 'off'}")
-    failures = [] if args.skip_templates else bench_templates(args.repeat, args.tf32, dtype=args.dtype)
+    failures = [] if args.skip_templates else bench_templates(args.repeat, args.tf32, dtype=args.dtype,
+                                                              tune=args.tune)
     if not args.skip_models:
         failures += bench_models(args.repeat, args.tf32, inductor=not args.skip_inductor)
     if args.torch_compile:

@@ -20,6 +20,11 @@ value's only reader: the chain is then computed on the row in registers before t
 (the sdpa guard's Not(x == -inf) before its any, RMSNorm's square before its mean); the
 group's `head` counts the nodes before its anchor.
 
+When a node joins a group and reads the result of another group that every reader of that
+result joins too, the other group merges into it where the template allows (`Rules.merges`:
+two row ops over one row, the sdpa guard's any with the softmax whose Where reads it); the
+merged nodes keep their topological order and the first row op is the anchor.
+
 A group runs at the place of its last node in the topological order: every operand of every
 member is ready by then, and every result a group does not write is read inside it alone
 (checked).
@@ -36,6 +41,20 @@ HOST_DEVICE = "cpu"
 
 REGION_LIMIT = 64
 """The most nodes one region may hold: the search for a region's end stops there."""
+
+
+@dataclass(frozen=True)
+class Rules:
+    """What the templates say about fusing (launch.kernel_groups gives templates.py's):
+    `classify` a node's kind; `epilogue_shapes` the shapes of the elementwise nodes a group's
+    kernel may compute after its last one (none: it takes no epilogue); `takes_prologue`
+    whether an anchor of a kind computes the chain that gives its operand; `merges` whether a
+    group whose result a node of another group reads can run inside that group's kernel."""
+
+    classify: Callable[[Graph, Node], str]
+    epilogue_shapes: Callable[[Graph, "Group"], list[tuple[int, ...]]]
+    takes_prologue: Callable[[Graph, str, Node], bool]
+    merges: Callable[[Graph, "Group", "Group", Value, Node], bool]
 
 
 @dataclass
@@ -109,26 +128,38 @@ def _prologue(graph: Graph, node: Node, owner: dict[str, Group]) -> Group | None
     return group if only_here and _first_result_only(graph, group.nodes[-1], value) else None  # type: ignore[arg-type]
 
 
-def group_nodes(graph: Graph, classify: Callable[[Graph, Node], str],
-                epilogue_shapes: Callable[[Graph, Group], list[tuple[int, ...]]],
-                takes_prologue: Callable[[Graph, str, Node], bool] = lambda graph, kind, node: False,
-                fuse: bool = True) -> list[Group]:
-    """The graph's compute nodes grouped into kernels, in a valid launch order; `classify`
-    gives a node's kind, `epilogue_shapes` the shapes of the elementwise nodes a group's
-    kernel may compute after its last one (none: it takes no epilogue), `takes_prologue`
-    whether an anchor of a kind computes the chain that gives its operand
-    (templates.epilogue_shapes, templates.takes_prologue)."""
+def _merge(graph: Graph, node: Node, group: Group, rules: Rules, owner: dict[str, Group], owed: dict[str, Group]
+           ) -> list[Group]:
+    """The groups whose result `node`, about to join `group`, reads and that `rules.merges`
+    lets run inside `group`'s kernel, where every reader of that result is in `group`, is
+    `node`, or is owed to `group` (the result then stays in registers)."""
+    found: list[Group] = []
+    for value in graph.inputs_of(node.name):
+        inner = owner.get(value.node) if value is not None else None
+        if inner is None or inner is group or inner in found or inner.nodes[-1].name != value.node:
+            continue
+        readers = _readers(graph, value)  # type: ignore[arg-type]
+        if all(owner.get(r) is group or owed.get(r) is group or r == node.name for r in readers) and \
+                _first_result_only(graph, inner.nodes[-1], value) and \
+                rules.merges(graph, inner, group, value, node):  # type: ignore[arg-type]
+            found.append(inner)
+    return found
+
+
+def group_nodes(graph: Graph, rules: Rules, fuse: bool = True) -> list[Group]:
+    """The graph's compute nodes grouped into kernels, in a valid launch order (see the module
+    docstring; `rules` are the templates')."""
     order = [n for n in graph.nodes() if n.op not in (INPUT, OUTPUT, CONSTANT)]
     position = {n.name: i for i, n in enumerate(order)}
     owner: dict[str, Group] = {}
     owed: dict[str, Group] = {}  # a region's later nodes -> the group they must join
 
     def is_free(node: Node) -> bool:
-        return node.name not in owner and node.name not in owed and classify(graph, node) == "chain"
+        return node.name not in owner and node.name not in owed and rules.classify(graph, node) == "chain"
 
     groups: list[Group] = []
     for node in order:
-        kind = classify(graph, node)
+        kind = rules.classify(graph, node)
         joined = owed.pop(node.name, None)
         if fuse and kind == "chain" and joined is None:
             for value in graph.inputs_of(node.name):
@@ -136,13 +167,19 @@ def group_nodes(graph: Graph, classify: Callable[[Graph, Node], str],
                 if group is None or group.nodes[-1].name != value.node:
                     continue
                 region = next(filter(None, (_region(graph, group.nodes[-1], value, shape, is_free, position)  # type: ignore[arg-type]
-                                            for shape in epilogue_shapes(graph, group))), None)
+                                            for shape in rules.epilogue_shapes(graph, group))), None)
                 if region is not None:
                     assert region[0] is node, (region[0].name, node.name)
                     owed.update((later.name, group) for later in region[1:])
                     joined = group
                     break
-        if fuse and joined is None and takes_prologue(graph, kind, node):
+        if fuse and joined is not None:
+            for inner in _merge(graph, node, joined, rules, owner, owed):
+                groups.remove(inner)
+                joined.nodes = sorted(inner.nodes + joined.nodes, key=lambda n: position[n.name])
+                joined.head = next(i for i, n in enumerate(joined.nodes) if rules.classify(graph, n) == joined.kind)
+                owner.update((n.name, joined) for n in inner.nodes)
+        if fuse and joined is None and rules.takes_prologue(graph, kind, node):
             joined = _prologue(graph, node, owner)
             if joined is not None:
                 joined.kind, joined.head = kind, len(joined.nodes)

@@ -19,8 +19,8 @@ from typing import Any
 from ...graph.errors import VerifyError, where
 from ...graph.graph import Graph, Node
 from ...layout.targets import GpuTarget, get_target
-from .fusion import Group, group_nodes
-from .templates import TEMPLATES, classify, epilogue_shapes, takes_prologue
+from .fusion import Group, Rules, group_nodes
+from .templates import TEMPLATES, classify, epilogue_shapes, merges, takes_prologue
 
 
 def gpu_target(graph: Graph) -> GpuTarget:
@@ -76,7 +76,7 @@ def check(graph: Graph, group: Group, chosen: dict[str, Any]) -> None:
 
 
 def kernel_groups(graph: Graph, fuse: bool = True) -> list[Group]:
-    return group_nodes(graph, classify, epilogue_shapes, takes_prologue, fuse)
+    return group_nodes(graph, Rules(classify, epilogue_shapes, takes_prologue, merges), fuse)
 
 
 def verify_launch(graph: Graph, fuse: bool = True) -> None:

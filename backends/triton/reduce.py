@@ -7,12 +7,15 @@ one block of BLOCK >= its length, read through the operand's encoding and masked
 logical length, so a row over a tiled dim never reads the padding (whose contents are unknown
 after an elementwise op). Statistics are computed in float32.
 
-Around a float or bool row op (fusion.py): a prologue, the elementwise chain that computes the
-row, in registers where the row would be loaded (lanes past it set to what a masked load
-gives); an epilogue after it, on the row for the row ops of their operand's shape, on the one
-value per row for a reduction, then over the whole row again where the reduction keeps its
-dims (`widens`): RMSNorm's square, mean, rsqrt and scaling are one kernel. Loads of the
-epilogue's one value per row are scalars named apart from the row's.
+A kernel computes its group's nodes in order (fusion.py): float and bool row ops over one
+row (the same dims of operands of one shape), and the elementwise nodes around them, each of
+the row's shape (a block, masked) or of one value per row (scalars per program, loaded apart
+from the row's operands). A prologue is the chain that computes a row op's row, in registers
+where the row would be loaded (lanes past the row set to the op's neutral value); an epilogue
+goes on from a reduction's one value per row to the whole row where the reduction keeps its
+dims (`widens`): RMSNorm's square, mean, rsqrt and scaling are one kernel, and so are a
+softmax and the sdpa guard's all(x == -inf) over the same row (`merges`), which loads it
+once. TopK and the scans run alone.
 
 ReduceMax and ReduceMin also run on bool (ONNX opset 20: any and all; torch's safe-softmax
 guard in transformers' sdpa attention reduces a bool row this way): the row is loaded as 0/1
@@ -57,36 +60,36 @@ from .indexing import broadcast_index, is_float, is_integer, next_pow2, offset, 
 MAX_BLOCK = 16384
 """Longest row one block holds; longer rows run on the NumPy backend."""
 
-_SAFE_MAX = "tl.where(tl.abs(tl.max(x, axis=0)) == float('inf'), 0.0, tl.max(x, axis=0))"
+_SAFE_MAX = "tl.where(tl.abs(tl.max({x}, axis=0)) == float('inf'), 0.0, tl.max({x}, axis=0))"
 REDUCE_OPS: dict[str, tuple[str, str]] = {
-    "ReduceMean": ("tl.sum(x, axis=0) / {n}", "0.0"),
-    "ReduceSum": ("tl.sum(x, axis=0)", "0.0"),
-    "ReduceMax": ("tl.max(x, axis=0)", "-float('inf')"),
-    "ReduceMin": ("tl.min(x, axis=0)", "float('inf')"),
-    "ReduceL1": ("tl.sum(tl.abs(x), axis=0)", "0.0"),
-    "ReduceL2": ("tl.sqrt(tl.sum(x * x, axis=0))", "0.0"),
-    "ReduceSumSquare": ("tl.sum(x * x, axis=0)", "0.0"),
-    "ReduceLogSum": ("tl.log(tl.sum(x, axis=0))", "0.0"),
+    "ReduceMean": ("tl.sum({x}, axis=0) / {n}", "0.0"),
+    "ReduceSum": ("tl.sum({x}, axis=0)", "0.0"),
+    "ReduceMax": ("tl.max({x}, axis=0)", "-float('inf')"),
+    "ReduceMin": ("tl.min({x}, axis=0)", "float('inf')"),
+    "ReduceL1": ("tl.sum(tl.abs({x}), axis=0)", "0.0"),
+    "ReduceL2": ("tl.sqrt(tl.sum({x} * {x}, axis=0))", "0.0"),
+    "ReduceSumSquare": ("tl.sum({x} * {x}, axis=0)", "0.0"),
+    "ReduceLogSum": ("tl.log(tl.sum({x}, axis=0))", "0.0"),
     # in float64: no partial product over- or underflows float32 (numpy's does, in its order)
-    "ReduceProd": ("tl.reduce(x.to(tl.float64), 0, libm.multiply).to(tl.float32)", "1.0"),
+    "ReduceProd": ("tl.reduce({x}.to(tl.float64), 0, libm.multiply).to(tl.float32)", "1.0"),
     # shifted by the row's largest value; an infinite or empty row is not shifted (its answer is infinite)
-    "ReduceLogSumExp": (f"{_SAFE_MAX} + tl.log(tl.sum(tl.exp(x - {_SAFE_MAX}), axis=0))", "-float('inf')"),
-    "GlobalAveragePool": ("tl.sum(x, axis=0) / {n}", "0.0"),
-    "GlobalMaxPool": ("tl.max(x, axis=0)", "-float('inf')"),
+    "ReduceLogSumExp": (f"{_SAFE_MAX} + tl.log(tl.sum(tl.exp({{x}} - {_SAFE_MAX}), axis=0))", "-float('inf')"),
+    "GlobalAveragePool": ("tl.sum({x}, axis=0) / {n}", "0.0"),
+    "GlobalMaxPool": ("tl.max({x}, axis=0)", "-float('inf')"),
 }
-"""Reductions: op -> (the reduced row `x` as an expression, with `{n}` its length; the value
+"""Reductions: op -> (the reduced row `{x}` as an expression, with `{n}` its length; the value
 masked-off lanes hold)."""
 INTEGER_REDUCE_OPS: dict[str, str] = {
-    "ReduceSum": "tl.sum(x, axis=0)",
-    "ReduceMax": "tl.max(x, axis=0)",
-    "ReduceMin": "tl.min(x, axis=0)",
-    "ReduceProd": "tl.reduce(x, 0, libm.multiply)",
-    "ReduceL1": "tl.sum(tl.abs(x), axis=0)",
-    "ReduceSumSquare": "tl.sum(x * x, axis=0)",
-    "ReduceMean": "tl.sum(x, axis=0).to(tl.float64) / {n}",
+    "ReduceSum": "tl.sum({x}, axis=0)",
+    "ReduceMax": "tl.max({x}, axis=0)",
+    "ReduceMin": "tl.min({x}, axis=0)",
+    "ReduceProd": "tl.reduce({x}, 0, libm.multiply)",
+    "ReduceL1": "tl.sum(tl.abs({x}), axis=0)",
+    "ReduceSumSquare": "tl.sum({x} * {x}, axis=0)",
+    "ReduceMean": "tl.sum({x}, axis=0).to(tl.float64) / {n}",
 }
 """Reductions of integer rows, in the row's type (whatever width Triton accumulates in, the
-stored result is the wrapped one, as NumPy's is): op -> the reduced row `x` (`{n}` its
+stored result is the wrapped one, as NumPy's is): op -> the reduced row `{x}` (`{n}` its
 length). Masked-off lanes hold `_integer_neutral`. ReduceMean is NumPy's float64 mean
 truncated: exact sums of rows up to 32 bits (int64 rows stay on the host, where NumPy's
 float64 sum rounds in its own order)."""
@@ -174,10 +177,10 @@ def _supports_topk(graph: Graph, node: Node, x: TensorType) -> bool:
 ROW_OPS = frozenset({"Softmax", "LogSoftmax", *NORMALIZATIONS, *REDUCE_OPS, *SCANS, "TopK"})
 
 
-def split(nodes: list[Node]) -> tuple[list[Node], Node, list[Node]]:
-    """A group's prologue (elementwise nodes computing the row), its row op, its epilogue."""
-    k = next(i for i, n in enumerate(nodes) if n.op in ROW_OPS)
-    return nodes[:k], nodes[k], nodes[k + 1:]
+def first_row_op(nodes: list[Node]) -> Node:
+    """A group's anchor, its first row op: the row every row op of the group reduces, and the
+    node its launch configuration is on."""
+    return next(n for n in nodes if n.op in ROW_OPS)
 
 
 def supports(graph: Graph, node: Node) -> bool:
@@ -219,6 +222,24 @@ def widens(graph: Graph, node: Node) -> tuple[int, ...] | None:
     return tuple(int(d) for d in graph.type_of(graph.inputs_of(node.name)[0]).shape)  # type: ignore[arg-type]
 
 
+def merges(graph: Graph, inner: Node, outer: Node, value: Value, reader: Node) -> bool:
+    """Whether the group of row op `inner`, whose result `value` `reader` reads, can run in the
+    kernel of row op `outer` (the sdpa guard's all(x == -inf) in its softmax's kernel): both
+    take epilogues (not scans, TopK or integer rows), reduce the same dims of operands of one
+    shape, and `value` is what `reader` reads at each element, in registers: of `reader`'s
+    shape, or one value per row with the reduced dims kept, read by a node of the row's shape."""
+    if not (takes_epilogue(graph, inner) and takes_epilogue(graph, outer)) or \
+            axes_of(graph, inner) != axes_of(graph, outer):
+        return False
+    row = tuple(int(d) for d in graph.type_of(graph.inputs_of(outer.name)[0]).shape)  # type: ignore[arg-type]
+    if tuple(int(d) for d in graph.type_of(graph.inputs_of(inner.name)[0]).shape) != row:  # type: ignore[arg-type]
+        return False
+    axes = axes_of(graph, outer) or ()
+    kept = tuple(1 if d in axes else n for d, n in enumerate(row))
+    got, wanted = tuple(int(d) for d in graph.type_of(value).shape), tuple(int(d) for d in reader.outputs[0].shape)
+    return got == wanted or (got == kept and wanted == row)
+
+
 def takes_prologue(graph: Graph, node: Node) -> bool:
     """Whether the kernel of `node` computes the elementwise chain that gives its row, in
     registers where it would load it: the float and bool reductions and the row ops of their
@@ -248,7 +269,7 @@ def row_length(graph: Graph, node: Node) -> int:
 
 
 def defaults(graph: Graph, nodes: list[Node], target: GpuTarget) -> dict[str, Any]:
-    _, node, _ = split(nodes)
+    node = first_row_op(nodes)
     block = max(target.block, next_pow2(row_length(graph, node)))
     if node.op == "TopK" and topk_in_pieces(graph, node):
         block = max(TOPK_PIECE, next_pow2(2 * (topk_k(graph, node) or 1)))
@@ -256,7 +277,7 @@ def defaults(graph: Graph, nodes: list[Node], target: GpuTarget) -> dict[str, An
 
 
 def check(graph: Graph, nodes: list[Node], config: dict[str, Any]) -> str | None:
-    _, node, _ = split(nodes)
+    node = first_row_op(nodes)
     length, block = row_length(graph, node), config["BLOCK"]
     if node.op == "TopK" and block > TOPK_MAX_BLOCK:
         return f"BLOCK={block} is longer than a TopK row may be ({TOPK_MAX_BLOCK}: its sort keys' index bits)"
@@ -382,72 +403,33 @@ def _topk_in_pieces(node: Node, x_t: TensorType, at: Callable[[str], list[str]],
     return lines + _topk_stores(node, x_t, at, str(span - 1), k)
 
 
-def _reduced_index(node: Node, names: list[str], axes: tuple[int, ...]) -> list[str | None]:
-    """Where a row's one result goes: its kept dims' indices, the reduced dims at 0 under
-    keepdims (the default) or dropped."""
-    if node.attrs.get("keepdims", 1):
+def _per_row_index(names: list[str], axes: tuple[int, ...], rank: int) -> list[str | None]:
+    """Where a value of one element per row lies: its kept dims' indices, the reduced dims at 0
+    where it keeps them (its rank is the row's) or dropped."""
+    if rank == len(names):
         return [None if d in axes else name for d, name in enumerate(names)]
     return [name for d, name in enumerate(names) if d not in axes]
 
 
-def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Value]]:
-    prologue, node, epilogue = split(nodes)
-    values = graph.inputs_of(node.name)
+def _row_op(graph: Graph, node: Node, k: int, operand: str, params: list[Value], names: list[str],
+            axes: tuple[int, ...], shape: list[int]) -> list[str]:
+    """Lines computing row op `node`, the `k`-th of its kernel, as `y{k}` from its operand's
+    row `operand` (masked-off lanes holding the op's neutral value): a float or bool value per
+    row, or a row of the operand's shape for softmax and the normalizations."""
+    op, values = node.op, graph.inputs_of(node.name)
     x_t = graph.type_of(values[0])  # type: ignore[arg-type]
-    out = node.outputs[0]
-    axes = axes_of(graph, node)
-    assert axes is not None
-    shape = [int(d) for d in x_t.shape]
     length = row_length(graph, node)
-    names = [f"i{d}" for d in range(len(shape))]
-    rows = [d for d in range(len(shape)) if d not in axes]
-    lines = ["row = tl.program_id(0)"]
-    lines += unravel("row", [shape[d] for d in rows], [names[d] for d in rows])
-    params: list[Value] = [] if prologue else [values[0]]  # type: ignore[list-item]
-    op = node.op
-    if op == "TopK":
-        lines += _topk(graph, node, x_t, names, axes[0], length)
-        return jit_function(fn_name, len(params), lines, results=2), params
-    if op in SCANS:
-        lines += _scan(graph, node, x_t, names, axes[0], length)
-        store_index: list[str | None] = list(names) if op == "CumSum" else _reduced_index(node, names, axes)
-        mask = ", mask=mask" if op == "CumSum" else ""
-        lines.append(f"tl.store(out0 + {offset(out, store_index)}, {store_expr('y', out)}{mask})  "
-                     f"# {node.name} ({op}): {out}")
-        return jit_function(fn_name, len(params), lines), params
-    if len(axes) == 1:
-        lines += [f"{names[axes[0]]} = tl.arange(0, BLOCK)", f"mask = {names[axes[0]]} < {length}"]
-    else:
-        lines += ["col = tl.arange(0, BLOCK)", f"mask = col < {length}"]
-        lines += unravel("col", [shape[d] for d in axes], [names[d] for d in axes])
-    other = REDUCE_OPS[op][1] if op in REDUCE_OPS else "-float('inf')" if op in ("Softmax", "LogSoftmax") else "0.0"
-    logical = x_t.dtype == np.bool_
-    row = Loader(graph, names, shape, "mask", params, blocks=[names[d] for d in axes])  # the row's operands
-    env: dict[Value, str] = {}
-    if prologue:  # the row computed in registers; lanes past it hold what a masked load gives
-        computed, var = emit_chain(graph, prologue, row, env)
-        lines += computed
-        load = f"tl.where(mask, {var}.to(tl.int32), {BOOL_NEUTRAL[op]})" if logical else \
-            f"tl.where(mask, {var}, {other})"
-    elif logical:
-        load = f"tl.load(in0 + {offset(x_t, names)}, mask=mask, other={BOOL_NEUTRAL[op]}).to(tl.int32)"
-    elif is_integer(x_t):
-        load = f"tl.load(in0 + {offset(x_t, names)}, mask=mask, other={_integer_neutral(op, x_t)})"
-        if x_t.dtype.itemsize == 4:  # the interpreter refuses a 32-bit sum that overflows; stored, both wrap alike
-            load += ".to(tl.int64)"
-    else:
-        load = _load(values[0], x_t, names, "in0", other)
-    lines.append(f"x = {load}  # {graph.value_name(values[0])}: {x_t}")
+    x, y = operand, f"y{k}"
     if op in ("Softmax", "LogSoftmax"):
-        lines += ["x_max = tl.max(x, axis=0)", "e = tl.exp(x - x_max)", "total = tl.sum(e, axis=0)"]
-        lines.append("y = e / total" if op == "Softmax" else "y = x - x_max - tl.log(total)")
-    elif op in NORMALIZATIONS:
+        lines = [f"m{k} = tl.max({x}, axis=0)", f"e{k} = tl.exp({x} - m{k})", f"t{k} = tl.sum(e{k}, axis=0)"]
+        return lines + [f"{y} = e{k} / t{k}" if op == "Softmax" else f"{y} = {x} - m{k} - tl.log(t{k})"]
+    if op in NORMALIZATIONS:
         eps = float(node.attrs.get("epsilon", 1e-5))
         # the centered row corrected by its own mean (in registers): a row of equal values
         # centers to exactly 0, as the NumPy kernel's float64 mean gives
-        lines += [f"mean = tl.sum(x, axis=0) / {length}", "d = tl.where(mask, x - mean, 0.0)",
-                  f"d = tl.where(mask, d - tl.sum(d, axis=0) / {length}, 0.0)",
-                  f"inv_std = 1.0 / tl.sqrt(tl.sum(d * d, axis=0) / {length} + {eps!r})", "y = d * inv_std"]
+        lines = [f"d{k} = tl.where(mask, {x} - tl.sum({x}, axis=0) / {length}, 0.0)",
+                 f"d{k} = tl.where(mask, d{k} - tl.sum(d{k}, axis=0) / {length}, 0.0)",
+                 f"inv{k} = 1.0 / tl.sqrt(tl.sum(d{k} * d{k}, axis=0) / {length} + {eps!r})", f"{y} = d{k} * inv{k}"]
         for slot, verb in ((1, "*"), (2, "+")):
             value = values[slot] if len(values) > slot else None
             if value is None:
@@ -459,31 +441,95 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
                     "" if t.dtype.name == "float32" else ".to(tl.float32)")
             else:
                 load = _load(value, t, broadcast_index(t, names, shape), param, "0.0")
-            lines.append(f"y = y {verb} {load}  # {graph.value_name(value)}: {t}")
-    elif is_integer(x_t):
-        lines.append(f"y = {INTEGER_REDUCE_OPS[op].format(n=length)}")
-        store_index = _reduced_index(node, names, axes)
+            lines.append(f"{y} = {y} {verb} {load}  # {graph.value_name(value)}: {t}")
+        return lines
+    if is_integer(x_t):
+        return [f"{y} = {INTEGER_REDUCE_OPS[op].format(x=x, n=length)}"]
+    lines = [f"{y} = {REDUCE_OPS[op][0].format(x=x, n=length)}" + (" != 0" if x_t.dtype == np.bool_ else "")]
+    if op in EXTREMES and x_t.dtype != np.bool_:  # a NaN in the row is the answer, as in numpy
+        lines.append(f"{y} = tl.where(tl.sum(({x} != {x}).to(tl.float32), axis=0) > 0, float('nan'), {y})")
+    return lines
+
+
+def _operand_row(graph: Graph, node: Node, row: Loader, env: dict[Value, str]) -> str:
+    """Row op `node`'s operand as a masked row, lanes past it holding the op's neutral value:
+    computed in the kernel (`env`) or loaded (through `row`, whose loads other nodes share; an
+    integer or bool row loaded with that value, widened for sums)."""
+    value = graph.inputs_of(node.name)[0]
+    assert value is not None
+    t, op = graph.type_of(value), node.op
+    if t.dtype == np.bool_:
+        bits = f"{env[value]}.to(tl.int32)" if value in env else f"{row(value)}.to(tl.int32)"
+        return f"tl.where(mask, {bits}, {BOOL_NEUTRAL[op]})"
+    if is_integer(t):
+        load = f"tl.load({parameter(row.params, value)} + {offset(t, row.index)}, mask=mask, " \
+               f"other={_integer_neutral(op, t)})"
+        # the interpreter refuses a 32-bit sum that overflows; stored, both wrap alike
+        return load + ".to(tl.int64)" if t.dtype.itemsize == 4 else load
+    other = REDUCE_OPS[op][1] if op in REDUCE_OPS else "-float('inf')" if op in ("Softmax", "LogSoftmax") else "0.0"
+    return f"tl.where(mask, {env[value] if value in env else row(value)}, {other})"
+
+
+def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Value]]:
+    """Source of the kernel of a group: one row op (TopK, a scan), or float and bool row ops
+    over one row and the elementwise nodes around them (module docstring), in order."""
+    anchor = first_row_op(nodes)
+    values = graph.inputs_of(anchor.name)
+    x_t = graph.type_of(values[0])  # type: ignore[arg-type]
+    axes = axes_of(graph, anchor)
+    assert axes is not None
+    shape = [int(d) for d in x_t.shape]
+    length = row_length(graph, anchor)
+    names = [f"i{d}" for d in range(len(shape))]
+    rows = [d for d in range(len(shape)) if d not in axes]
+    lines = ["row = tl.program_id(0)"]
+    lines += unravel("row", [shape[d] for d in rows], [names[d] for d in rows])
+    params: list[Value] = []
+    if anchor.op == "TopK" or anchor.op in SCANS:
+        assert nodes == [anchor], "a TopK or a scan runs alone"
+        params.append(values[0])  # type: ignore[arg-type]
+        if anchor.op == "TopK":
+            lines += _topk(graph, anchor, x_t, names, axes[0], length)
+            return jit_function(fn_name, len(params), lines, results=2), params
+        lines += _scan(graph, anchor, x_t, names, axes[0], length)
+        out = anchor.outputs[0]
+        cumsum = anchor.op == "CumSum"
+        store_index = list(names) if cumsum else _per_row_index(names, axes, len(out.shape))
+        lines.append(f"tl.store(out0 + {offset(out, store_index)}, {store_expr('y', out)}{', mask=mask' if cumsum else ''})  "
+                     f"# {anchor.name} ({anchor.op}): {out}")
+        return jit_function(fn_name, len(params), lines), params
+    if len(axes) == 1:
+        lines += [f"{names[axes[0]]} = tl.arange(0, BLOCK)", f"mask = {names[axes[0]]} < {length}"]
     else:
-        lines.append(f"y = {REDUCE_OPS[op][0].format(n=length)}" + (" != 0" if logical else ""))
-        if op in EXTREMES and not logical:  # a NaN in the row is the answer, as in numpy
-            lines.append("y = tl.where(tl.sum((x != x).to(tl.float32), axis=0) > 0, float('nan'), y)")
-        store_index = _reduced_index(node, names, axes)
-    env[Value(node.name)] = "y"
-    wide = 0 if op in ROW_SHAPED else next(
-        (k for k, n in enumerate(epilogue) if [int(d) for d in n.outputs[0].shape] == shape), len(epilogue))
-    if wide:  # one value per program first: scalar loads
-        scalar = Loader(graph, store_index, [int(d) for d in out.shape], "mask", params, blocks=[], prefix="s")
-        computed, _ = emit_chain(graph, epilogue[:wide], scalar, env)
+        lines += ["col = tl.arange(0, BLOCK)", f"mask = col < {length}"]
+        lines += unravel("col", [shape[d] for d in axes], [names[d] for d in axes])
+    row = Loader(graph, names, shape, "mask", params, blocks=[names[d] for d in axes])  # operands of the row's shape
+    per_row: dict[tuple[int, ...], Loader] = {}  # operands of a shape of one element per row: scalar loads
+    env: dict[Value, str] = {}
+    for k, node in enumerate(nodes):
+        if node.op in ROW_OPS:
+            operand = _operand_row(graph, node, row, env)
+            lines += row.lines
+            row.lines.clear()
+            lines.append(f"r{k} = {operand}  # {node.name} ({node.op}): its row")
+            lines += _row_op(graph, node, k, f"r{k}", params, names, axes, shape)
+            env[Value(node.name)] = f"y{k}"
+            continue
+        out_shape = tuple(int(d) for d in node.outputs[0].shape)
+        if out_shape == tuple(shape):
+            loader = row
+        else:
+            loader = per_row.setdefault(out_shape, Loader(
+                graph, _per_row_index(names, axes, len(out_shape)), list(out_shape), "mask", params, blocks=[],
+                prefix=f"s{len(per_row)}_"))
+        computed, _ = emit_chain(graph, [node], loader, env)
         lines += computed
-    computed, var = emit_chain(graph, epilogue[wide:], row, env)  # the row: a block, masked
-    lines += computed
-    var = var or env[Value(nodes[-1].name)]
     final = nodes[-1].outputs[0]
-    if op in ROW_SHAPED or wide < len(epilogue):
-        index: list[str | None] = list(names)
-        mask = ", mask=mask"
+    var = env[Value(nodes[-1].name)]
+    if [int(d) for d in final.shape] == shape:
+        index, mask = list(names), ", mask=mask"
     else:
-        index, mask = store_index, ""
+        index, mask = _per_row_index(names, axes, len(final.shape)), ""
     lines.append(f"tl.store(out0 + {offset(final, index)}, {store_expr(var, final)}{mask})  "
                  f"# {nodes[-1].name} ({nodes[-1].op}): {final}")
     return jit_function(fn_name, len(params), lines), params
@@ -491,7 +537,7 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
 
 def grid(graph: Graph, nodes: list[Node], config: dict[str, Any]) -> tuple[int, ...]:
     """One program per row: the product of the kept dims (rows of no elements included)."""
-    _, node, _ = split(nodes)
+    node = first_row_op(nodes)
     x = graph.type_of(graph.inputs_of(node.name)[0])  # type: ignore[arg-type]
     axes = axes_of(graph, node) or ()
     return (max(1, int(np.prod([int(d) for k, d in enumerate(x.shape) if k not in axes], dtype=np.int64))),)

@@ -49,6 +49,9 @@ class Template:
     widens: Callable[[Graph, Node], "tuple[int, ...] | None"] = lambda graph, anchor: None
     """The shape an epilogue may go on in after one of the anchor's own result's shape (a
     reduction's row, after its one value per row), or None."""
+    merges: Callable[[Graph, Node, Node, Value, Node], bool] = lambda graph, inner, outer, value, reader: False
+    """Whether a group anchored at `inner`, whose result `value` a node `reader` of a group
+    anchored at `outer` reads, can run inside that group's kernel (two row ops over one row)."""
     prologue: Callable[[Graph, Node], bool] = lambda graph, anchor: False
     """Whether the kernel of this anchor computes the chain of elementwise nodes that gives its
     first operand, on its row in registers (the chain's kernel and its result's buffer go)."""
@@ -104,7 +107,7 @@ TEMPLATES: dict[str, Template] = {
         constexprs=lambda config: {"BLOCK": config["BLOCK"]}, defaults=reduce.defaults,
         keys=frozenset({"BLOCK", "num_warps", "num_stages"}), check=reduce.check,
         results=reduce.results, epilogue=reduce.takes_epilogue, widens=reduce.widens,
-        prologue=reduce.takes_prologue),
+        merges=reduce.merges, prologue=reduce.takes_prologue),
     "split": _flat("split", split.supports, split.kernel, split.numel, results=split.results),
     "scatter": _flat("scatter", scatter.supports, scatter.kernel, scatter.numel, prefill=scatter.prefill),
 }
@@ -189,6 +192,15 @@ def takes_prologue(graph: Graph, kind: str, node: Node) -> bool:
     its template's rule."""
     template = TEMPLATES.get(kind)
     return template is not None and template.prologue(graph, node)
+
+
+def merges(graph: Graph, inner: Any, outer: Any, value: Value, reader: Node) -> bool:
+    """Whether group `inner` (a fusion.Group), whose result `value` `reader` reads on joining
+    group `outer`, can run inside `outer`'s kernel: the template's rule, for two groups of one
+    kind."""
+    template = TEMPLATES.get(outer.kind)
+    return inner.kind == outer.kind and template is not None and \
+        template.merges(graph, inner.anchor, outer.anchor, value, reader)
 
 
 def classify(graph: Graph, node: Node) -> str:

@@ -22,3 +22,11 @@ def test_template_benchmarks_run_under_the_interpreter(capsys, dtype):
                 "conv", "softmax", "layer norm"):
         assert row in out
     assert out.count("   ratio ") == 6
+
+
+def test_tuned_rows_say_what_autotuning_chose(capsys):
+    assert gpu.main(["--device", "interp", "--tune", "2"]) == 0
+    out = capsys.readouterr().out
+    tuned = [line for line in out.splitlines() if "tuned (" in line]
+    assert len(tuned) == 2 and all("BLOCK" in line and "num_warps=" in line for line in tuned)
+    assert tuned[0].startswith("matmul") and "conv" in tuned[1]

@@ -12,7 +12,7 @@ import pytest
 
 from tilefold.backends.triton.executor import kernel_plans, kernel_sources
 from tilefold.graph import Graph
-from tilefold.graph.types import TensorType
+from tilefold.graph.types import TensorType, Value
 
 F32 = np.float32
 
@@ -255,3 +255,55 @@ def test_a_reduction_that_drops_its_dims_does_not_widen_to_the_row(kit, device):
     g.add_output(kit.add(g, "Mul", [x, total], name="times"), "y")
     assert _kernels(g) == [["total"], ["times"]]
     _check(kit, g, {"x": np.random.default_rng(14).standard_normal((4, 10)).astype(F32)}, device)
+
+
+def _safe_softmax(kit, g: Graph, x, *, name: str = "p"):
+    """torch's safe softmax (sdpa attention with a mask): Where(all(x == -inf), 0, Softmax(x))."""
+    probs = kit.add(g, "Softmax", [x], {"axis": -1}, name=f"{name}_softmax")
+    masked = kit.add(g, "Equal", [x, g.add_constant(np.array(-np.inf, F32), name=f"{name}_ninf")], name=f"{name}_masked")
+    kept = kit.add(g, "Not", [masked], name=f"{name}_kept")
+    anything = kit.add(g, "ReduceMax", [kept, g.add_constant(np.array([-1], np.int64), name=f"{name}_axes")],
+                       name=f"{name}_any")
+    none = kit.add(g, "Not", [anything], name=f"{name}_none")
+    return kit.add(g, "Where", [none, g.add_constant(np.array(0, F32), name=f"{name}_zero"), probs], name=f"{name}_safe")
+
+
+@pytest.mark.parametrize("length", [7, 16])
+def test_a_safe_softmax_and_its_guard_are_one_kernel_over_one_load_of_the_row(kit, device, length):
+    """The guard's any is a second row op in the softmax's kernel: its result, read by the
+    Where alone, never leaves registers."""
+    shape = (2, 3, 4, length)
+    g = Graph("safe")
+    g.add_output(_safe_softmax(kit, g, g.add_input("x", TensorType(shape, F32))), "y")
+    assert _kernels(g) == [["p_softmax", "p_masked", "p_kept", "p_any", "p_none", "p_safe"]]
+    [(_, source)] = kernel_sources(g)
+    assert sum("# x: float32" in line for line in source.splitlines()) == 1
+    x = _masked_scores(np.random.default_rng(length), shape)
+    got, _ = kit.run_both(g, {"x": x}, device)
+    assert np.all(got["y"][:, :, 1] == 0) and np.all(np.isfinite(got["y"]))
+    _check(kit, g, {"x": x}, device)
+
+
+def test_a_row_op_result_read_outside_the_kernel_is_not_merged(kit, device):
+    """The guard is also a graph output: it keeps its own kernel and buffer."""
+    shape = (2, 5, 9)
+    g = Graph("guard_out")
+    g.add_output(_safe_softmax(kit, g, g.add_input("x", TensorType(shape, F32))), "y")
+    g.add_output(Value("p_none"), "all_masked")
+    assert _kernels(g) == [["p_masked", "p_kept", "p_any", "p_none"], ["p_softmax", "p_safe"]]
+    _check(kit, g, {"x": _masked_scores(np.random.default_rng(16), shape)}, device)
+
+
+@pytest.mark.parametrize("axis, keepdims", [(0, 1), (1, 0)])
+def test_a_value_that_is_not_the_row_s_own_is_not_merged(kit, device, axis, keepdims):
+    """A softmax's epilogue over rows reads a column mean (another row), or a row sum without
+    its kept dim, which broadcasts along the other axis: neither is the value of the row in
+    registers, so each stays a kernel of its own."""
+    g = Graph("rows")
+    x = g.add_input("x", TensorType((6, 6), F32))
+    mean = kit.add(g, "ReduceMean", [x, g.add_constant(np.array([axis], np.int64), name="axes")],
+                   {"keepdims": keepdims}, name="mean")
+    probs = kit.add(g, "Softmax", [x], {"axis": 1}, name="softmax")
+    g.add_output(kit.add(g, "Sub", [probs, mean], name="centered"), "y")
+    assert _kernels(g) == [["mean"], ["softmax", "centered"]]
+    _check(kit, g, {"x": np.random.default_rng(17).standard_normal((6, 6)).astype(F32)}, device)
