@@ -433,24 +433,28 @@ def block_lines(shape: Sequence[int], names: Sequence[str]) -> list[str]:
 
 
 def chain_kernel(graph: Graph, nodes: Sequence[Node], fn_name: str) -> tuple[str, list[Value | Table]]:
-    """Source of a kernel running the chain `nodes` over the logical elements of its result;
-    parameters: one pointer per external operand or head's table (returned), then the result's."""
+    """Source of a kernel running `nodes` in order over the logical elements of its result, all
+    of one shape: elementwise nodes, and heads (a movement op reading its operand from memory
+    at a remapped index: a chain's first node, or one of a group merged into the chain, as
+    LLaMA's rotary Concat into the Mul and Add after it); parameters: one pointer per
+    external operand or head's table (returned), then the result's."""
     out_t = nodes[-1].outputs[0]
     shape = [int(d) for d in out_t.shape]
-    nodes = list(nodes)
     names = [f"i{d}" for d in range(len(shape))]
     params: list[Value | Table] = []
     load = Loader(graph, names, shape, "mask", params)
     env: dict[Value, str] = {}
     body: list[str] = []
-    var = ""
-    if nodes[0].op in HEADS:
-        body, var = HEADS[nodes[0].op](graph, nodes[0], names, params)
-        env[Value(nodes[0].name)] = var
-        nodes = nodes[1:]
-    more, last = emit_chain(graph, nodes, load, env)
-    body += more
-    var = last or var
+    for k, node in enumerate(nodes):
+        operand = graph.inputs_of(node.name)[0] if graph.inputs_of(node.name) else None
+        if node.op in HEADS and operand not in env:
+            lines, var = HEADS[node.op](graph, node, names, params)
+            body += lines + [f"h{k} = {var}  # {node.name} ({node.op})"]  # a later head reuses the names
+            env[Value(node.name)] = f"h{k}"
+            continue
+        more, _ = emit_chain(graph, [node], load, env)
+        body += more
+    var = env[Value(nodes[-1].name)]
     where = offset(out_t, names) if shape else "offs"  # a rank-0 result: lane 0 of a block
     lines = block_lines(shape, names) + body
     lines.append(f"tl.store(out0 + {where}, {store_expr(var, out_t)}, mask=mask)  # {out_t}")

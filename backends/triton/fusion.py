@@ -22,8 +22,10 @@ group's `head` counts the nodes before its anchor.
 
 When a node joins a group and reads the result of another group that every reader of that
 result joins too, the other group merges into it where the template allows (`Rules.merges`:
-two row ops over one row, the sdpa guard's any with the softmax whose Where reads it); the
-merged nodes keep their topological order and the first row op is the anchor.
+two row ops over one row, the sdpa guard's any with the softmax whose Where reads it; a chain
+or movement group read at the reader's own index, LLaMA's rotary Concat with the Mul and Add
+after it); the merged nodes keep their topological order, and the anchor is the first node of
+the group's kind.
 
 A group runs at the place of its last node in the topological order: every operand of every
 member is ready by then, and every result a group does not write is read inside it alone
@@ -139,8 +141,10 @@ def _merge(graph: Graph, node: Node, group: Group, rules: Rules, owner: dict[str
         if inner is None or inner is group or inner in found or inner.nodes[-1].name != value.node:
             continue
         readers = _readers(graph, value)  # type: ignore[arg-type]
+        reads_group = any(v is not None and owner.get(v.node) is group for n in inner.nodes
+                          for v in graph.inputs_of(n.name))
         if all(owner.get(r) is group or owed.get(r) is group or r == node.name for r in readers) and \
-                _first_result_only(graph, inner.nodes[-1], value) and \
+                not reads_group and _first_result_only(graph, inner.nodes[-1], value) and \
                 rules.merges(graph, inner, group, value, node):  # type: ignore[arg-type]
             found.append(inner)
     return found

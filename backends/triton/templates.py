@@ -90,10 +90,17 @@ def _always(graph: Graph, anchor: Node) -> bool:
     return True
 
 
+def _same_index_space(graph: Graph, inner: Node, outer: Node, value: Value, reader: Node) -> bool:
+    """A chain or movement group merges into a chain kernel whose node reads its result at
+    the same index: of the reader's shape."""
+    return tuple(graph.type_of(value).shape) == tuple(reader.outputs[0].shape)
+
+
 TEMPLATES: dict[str, Template] = {
-    "chain": _flat("chain", elementwise.supports, elementwise.chain_kernel, _result_numel, epilogue=_always),
+    "chain": _flat("chain", elementwise.supports, elementwise.chain_kernel, _result_numel, epilogue=_always,
+                   merges=_same_index_space),
     "movement": _flat("movement", layout_ops.supports_head, elementwise.chain_kernel, _result_numel,
-                      epilogue=_always),
+                      epilogue=_always, merges=_same_index_space),
     "matmul": Template(
         "matmul", matmul.supports, matmul.kernel, matmul.grid, matmul.constexprs, matmul.defaults,
         keys=frozenset({"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "input_precision"}),
@@ -196,10 +203,10 @@ def takes_prologue(graph: Graph, kind: str, node: Node) -> bool:
 
 def merges(graph: Graph, inner: Any, outer: Any, value: Value, reader: Node) -> bool:
     """Whether group `inner` (a fusion.Group), whose result `value` `reader` reads on joining
-    group `outer`, can run inside `outer`'s kernel: the template's rule, for two groups of one
-    kind."""
-    template = TEMPLATES.get(outer.kind)
-    return inner.kind == outer.kind and template is not None and \
+    group `outer`, can run inside `outer`'s kernel: the template's rule, for two groups whose
+    kernels one function generates (a chain and a movement group: elementwise.chain_kernel)."""
+    template, other = TEMPLATES.get(outer.kind), TEMPLATES.get(inner.kind)
+    return template is not None and other is not None and template.kernel is other.kernel and \
         template.merges(graph, inner.anchor, outer.anchor, value, reader)
 
 

@@ -307,3 +307,38 @@ def test_a_value_that_is_not_the_row_s_own_is_not_merged(kit, device, axis, keep
     g.add_output(kit.add(g, "Sub", [probs, mean], name="centered"), "y")
     assert _kernels(g) == [["mean"], ["softmax", "centered"]]
     _check(kit, g, {"x": np.random.default_rng(17).standard_normal((6, 6)).astype(F32)}, device)
+
+
+def _slice(kit, g: Graph, x, start: int, stop: int, name: str):
+    ints = lambda *v: g.add_constant(np.array(v, np.int64), name=f"{name}_{len(g.nodes())}")  # noqa: E731
+    return kit.add(g, "Slice", [x, ints(start), ints(stop), ints(-1)], name=name)
+
+
+def test_a_rotary_embedding_s_concat_runs_in_the_kernel_of_the_mul_and_add_after_it(kit, device):
+    """LLaMA's q * cos + rotate_half(q) * sin: the two groups the Add reads (the Concat's and
+    q * cos), read by the Add alone at its own index, are one kernel with it."""
+    shape, half = (2, 3, 5, 8), 4
+    g = Graph("rotary")
+    rng = np.random.default_rng(18)
+    q = g.add_input("q", TensorType(shape, F32))
+    cos = g.add_constant(rng.standard_normal(shape[2:]).astype(F32), name="cos")
+    sin = g.add_constant(rng.standard_normal(shape[2:]).astype(F32), name="sin")
+    second = _slice(kit, g, q, half, 2 * half, "second")
+    first = kit.add(g, "Neg", [_slice(kit, g, q, 0, half, "first")], name="negated")
+    rotated = kit.add(g, "Mul", [kit.add(g, "Concat", [first, second], {"axis": -1}, name="concat"), sin],
+                      name="times_sin")
+    g.add_output(kit.add(g, "Add", [kit.add(g, "Mul", [q, cos], name="times_cos"), rotated], name="rotary"), "y")
+    assert sorted(_kernels(g)) == [["concat", "times_sin", "times_cos", "rotary"], ["first", "negated"], ["second"]]
+    _check(kit, g, {"q": rng.standard_normal(shape).astype(F32)}, device)
+
+
+def test_two_heads_in_one_chain_kernel_keep_their_own_values(kit, device):
+    """A Slice of one input plus a Transpose of another: both heads in the Add's kernel."""
+    g = Graph("heads")
+    rng = np.random.default_rng(19)
+    part = _slice(kit, g, g.add_input("u", TensorType((4, 9), F32)), 2, 8, "part")
+    turned = kit.add(g, "Transpose", [g.add_input("v", TensorType((6, 4), F32))], {"perm": [1, 0]}, name="turned")
+    g.add_output(kit.add(g, "Sub", [part, turned], name="difference"), "y")
+    assert _kernels(g) == [["part", "turned", "difference"]]
+    _check(kit, g, {"u": rng.standard_normal((4, 9)).astype(F32), "v": rng.standard_normal((6, 4)).astype(F32)},
+           device)

@@ -9,6 +9,7 @@ import pytest
 
 from tilefold.backends.numpy import NumpyExecutable
 from tilefold.backends.triton import TritonExecutable
+from tilefold.backends.triton.executor import kernel_plans
 from tilefold.graph import Graph
 from tilefold.graph.errors import InputError
 from tilefold.graph.types import TensorType
@@ -89,3 +90,23 @@ def test_lookups_with_constant_in_range_indices_still_run_in_one_kernel(kit, dev
     np.testing.assert_array_equal(got["y"], want["y"])
     (names, source), = kernel_sources(g)
     assert names[0] == "lookup" and "tl.store(in" in source
+
+
+@pytest.mark.parametrize("bad", ["words", "positions"])
+def test_two_lookups_merged_into_one_kernel_each_name_their_own_node(kit, device, bad):
+    """BERT's word and position embeddings, added: both Gathers run in the Add's kernel
+    (fusion's merge), each with its own flag, so an index out of range names its lookup."""
+    rng = np.random.default_rng(4)
+    g = Graph("embeddings")
+    words = kit.add(g, "Gather", [g.add_constant(rng.standard_normal((9, 4)).astype(F32), name="word_table"),
+                                  g.add_input("ids", TensorType((2, 5), np.int64))], {"axis": 0}, name="words")
+    positions = kit.add(g, "Gather", [g.add_constant(rng.standard_normal((6, 4)).astype(F32), name="position_table"),
+                                      g.add_input("pos", TensorType((2, 5), np.int64))], {"axis": 0}, name="positions")
+    g.add_output(kit.add(g, "Add", [words, positions], name="sum"), "y")
+    exe = TritonExecutable(g, device=device)
+    assert [plan.nodes for plan in kernel_plans(g)] == [["words", "positions", "sum"]]
+    feeds = {"ids": rng.integers(0, 9, (2, 5)), "pos": rng.integers(0, 6, (2, 5))}
+    np.testing.assert_allclose(exe(feeds)["y"], NumpyExecutable(g)(feeds)["y"], rtol=1e-6)
+    wrong = {**feeds, "ids" if bad == "words" else "pos": np.full((2, 5), 11)}
+    with pytest.raises(InputError, match=rf"node '{bad}' \(op Gather\)"):
+        exe(wrong)
