@@ -36,6 +36,9 @@ def optimize(graph: Graph, target: str = "cpu", *, verify: bool = False) -> Layo
     `before` and `after`, with an empty log; one optimized for another target is stripped to
     its plain equivalent (`strip.strip_layouts`) and planned again.
     """
+    from ..graph.passes.dce import dce
+    from ..graph.passes.merge_projections import merge_projections
+    from ..graph.passes.pipeline import run_passes
     from .materialize import materialize
     from .propagate import fold_constant_layouts, propagate
     from .report import GraphLayout
@@ -49,7 +52,10 @@ def optimize(graph: Graph, target: str = "cpu", *, verify: bool = False) -> Layo
         return LayoutResult(same, same, chosen.name, log)
     if graph.meta.get("target"):
         graph = strip_layouts(graph)
-    before = materialize(graph.copy(), chosen, verify=verify, log=log)
+    graph = graph.copy()
+    if chosen.merges_projections:
+        graph = run_passes(graph, [merge_projections, dce], verify=verify, log=log)
+    before = materialize(graph, chosen, verify=verify, log=log)
     wrapped = GraphLayout.of(before).bytes()
     # propagation is greedy: an Unpack it pushed into a fork or through a growing op that
     # never met a Pack can cost more than the wrapped anchors it started from. Then once more

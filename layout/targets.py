@@ -60,6 +60,9 @@ class Target:
 
     name = "base"
     anchors: frozenset[str] = frozenset({"MatMul", "Gemm", "Conv"})
+    merges_projections = False
+    """Merge Linear layers that read one activation into one and a Split before choosing
+    layouts (graph/passes/merge_projections.py): fewer, larger products."""
 
     def __init__(self, name: str | None = None) -> None:
         if name is not None:
@@ -149,6 +152,9 @@ class GpuTarget(Target):
 
     name = "gpu"
     block = 16
+    merges_projections = True
+    """BERT's query, key and value as one product whose kernel stores the three parts: one
+    launch, three times the programs (the Triton matmul's Split epilogue)."""
     programs = 132
     """The programs a matmul or conv grid should reach, its blocks shrinking towards `block`
     until it does: an H100's or H200's multiprocessors. At 128 x 128 blocks a BERT-base's

@@ -18,7 +18,9 @@ A row op whose template takes a prologue (a float or bool reduction, softmax, a 
 templates.takes_prologue) joins the chain group that computes its operand, when it is that
 value's only reader: the chain is then computed on the row in registers before the reduction
 (the sdpa guard's Not(x == -inf) before its any, RMSNorm's square before its mean); the
-group's `head` counts the nodes before its anchor.
+group's `head` counts the nodes before its anchor. A node of another kind that alone reads a
+group's result may end the group instead, writing its results (`Rules.ends`: the Split of
+GPT-2's query, key and value in their matmul's kernel).
 
 When a node joins a group and reads the result of another group that every reader of that
 result joins too, the other group merges into it where the template allows (`Rules.merges`:
@@ -51,12 +53,14 @@ class Rules:
     `classify` a node's kind; `epilogue_shapes` the shapes of the elementwise nodes a group's
     kernel may compute after its last one (none: it takes no epilogue); `takes_prologue`
     whether an anchor of a kind computes the chain that gives its operand; `merges` whether a
-    group whose result a node of another group reads can run inside that group's kernel."""
+    group whose result a node of another group reads can run inside that group's kernel;
+    `ends` whether a node of another kind that alone reads a group's result ends the group."""
 
     classify: Callable[[Graph, Node], str]
     epilogue_shapes: Callable[[Graph, "Group"], list[tuple[int, ...]]]
     takes_prologue: Callable[[Graph, str, Node], bool]
     merges: Callable[[Graph, "Group", "Group", Value, Node], bool]
+    ends: Callable[[Graph, "Group", Node], bool]
 
 
 @dataclass
@@ -118,13 +122,13 @@ def _region(graph: Graph, producer: Node, value: Value, shape: tuple[int, ...], 
     return None
 
 
-def _prologue(graph: Graph, node: Node, owner: dict[str, Group]) -> Group | None:
-    """The chain group whose last node computes `node`'s first operand, read by `node` alone
-    and only there: `node`'s kernel can compute that chain on its row (None where none)."""
+def _operand_group(graph: Graph, node: Node, owner: dict[str, Group]) -> Group | None:
+    """The group whose last node computes `node`'s first operand, read by `node` alone and
+    only there (None where none): its result can stay in registers in one kernel with `node`."""
     values = graph.inputs_of(node.name)
     value = values[0] if values else None
     group = owner.get(value.node) if value is not None else None
-    if group is None or group.kind != "chain" or group.nodes[-1].name != value.node:  # type: ignore[union-attr]
+    if group is None or group.nodes[-1].name != value.node:  # type: ignore[union-attr]
         return None
     only_here = _readers(graph, value) == {node.name} and values.count(value) == 1  # type: ignore[arg-type]
     return group if only_here and _first_result_only(graph, group.nodes[-1], value) else None  # type: ignore[arg-type]
@@ -133,8 +137,9 @@ def _prologue(graph: Graph, node: Node, owner: dict[str, Group]) -> Group | None
 def _merge(graph: Graph, node: Node, group: Group, rules: Rules, owner: dict[str, Group], owed: dict[str, Group]
            ) -> list[Group]:
     """The groups whose result `node`, about to join `group`, reads and that `rules.merges`
-    lets run inside `group`'s kernel, where every reader of that result is in `group`, is
-    `node`, or is owed to `group` (the result then stays in registers)."""
+    lets run inside `group`'s kernel, for each reader of that result: every reader is in
+    `group`, is `node`, or is owed to `group` (the result then stays in registers), and no
+    node of the merged group reads one of `group`'s."""
     found: list[Group] = []
     for value in graph.inputs_of(node.name):
         inner = owner.get(value.node) if value is not None else None
@@ -145,7 +150,7 @@ def _merge(graph: Graph, node: Node, group: Group, rules: Rules, owner: dict[str
                           for v in graph.inputs_of(n.name))
         if all(owner.get(r) is group or owed.get(r) is group or r == node.name for r in readers) and \
                 not reads_group and _first_result_only(graph, inner.nodes[-1], value) and \
-                rules.merges(graph, inner, group, value, node):  # type: ignore[arg-type]
+                all(rules.merges(graph, inner, group, value, graph.node(r)) for r in readers):  # type: ignore[arg-type]
             found.append(inner)
     return found
 
@@ -183,10 +188,12 @@ def group_nodes(graph: Graph, rules: Rules, fuse: bool = True) -> list[Group]:
                 joined.nodes = sorted(inner.nodes + joined.nodes, key=lambda n: position[n.name])
                 joined.head = next(i for i, n in enumerate(joined.nodes) if rules.classify(graph, n) == joined.kind)
                 owner.update((n.name, joined) for n in inner.nodes)
-        if fuse and joined is None and rules.takes_prologue(graph, kind, node):
-            joined = _prologue(graph, node, owner)
-            if joined is not None:
-                joined.kind, joined.head = kind, len(joined.nodes)
+        if fuse and joined is None and kind != "chain":
+            before = _operand_group(graph, node, owner)
+            if before is not None and rules.ends(graph, before, node):
+                joined = before
+            elif before is not None and before.kind == "chain" and rules.takes_prologue(graph, kind, node):
+                joined, before.kind, before.head = before, kind, len(before.nodes)
         if joined is None:
             joined = Group(kind, [])
             groups.append(joined)

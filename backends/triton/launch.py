@@ -2,8 +2,9 @@
 
 A kernel's configuration (block sizes, `num_warps`, `num_stages`, for matmul the dot's
 `input_precision`) is stored on its group's anchor, the first node but a prologue's
-(`node.launch`, a dict; the ONNX writer keeps it), so it travels with the graph: `set_launch(graph, "matmul*", BLOCK_M=64)`
-from Python, or the attribute in an optimized ONNX file. What is not set comes from the
+(`node.launch`, a dict; the ONNX writer keeps it), so it travels with the graph:
+`set_launch(graph, "matmul*", BLOCK_M=64)` from Python, or the attribute in an optimized ONNX
+file. What is not set comes from the
 defaults, computed here from shapes and dtypes and the gpu target's facts (`GpuTarget.block`,
 the tile; `GpuTarget.programs`, the grid that keeps the GPU busy: the target owns the device
 facts; the per-template rules live with each template). `verify_launch` rejects unknown
@@ -20,7 +21,7 @@ from ...graph.errors import VerifyError, where
 from ...graph.graph import Graph, Node
 from ...layout.targets import GpuTarget, get_target
 from .fusion import Group, Rules, group_nodes
-from .templates import TEMPLATES, classify, epilogue_shapes, merges, takes_prologue
+from .templates import TEMPLATES, classify, ends, epilogue_shapes, merges, takes_prologue
 
 
 def gpu_target(graph: Graph) -> GpuTarget:
@@ -76,7 +77,7 @@ def check(graph: Graph, group: Group, chosen: dict[str, Any]) -> None:
 
 
 def kernel_groups(graph: Graph, fuse: bool = True) -> list[Group]:
-    return group_nodes(graph, Rules(classify, epilogue_shapes, takes_prologue, merges), fuse)
+    return group_nodes(graph, Rules(classify, epilogue_shapes, takes_prologue, merges, ends), fuse)
 
 
 def verify_launch(graph: Graph, fuse: bool = True) -> None:

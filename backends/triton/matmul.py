@@ -7,7 +7,9 @@ target's mmt4d operands ([M/16, K/16, 16, 16] tiles) and row-major or transposed
 (Gemm transA/transB, a Transpose relabeled into the encoding) alike, every read masked to the
 logical extent, so padding of any kind never reaches the sum. The epilogue (Gemm's alpha,
 beta*C; then the fused elementwise nodes: bias, activation, residual add, folded BatchNorm's
-scale and shift) runs on the accumulator before the one store.
+scale and shift) runs on the accumulator before the one store, or, where a Split of the
+result along its rows or columns ends the group (GPT-2's query, key and value), before one
+masked store per part, each at its index in its part, through its part's encoding.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import numpy as np
 from ...graph.graph import Graph, Node
 from ...graph.types import TensorType, Value
 from ...layout.targets import GpuTarget
+from . import split
 from .codegen import jit_function
 from .elementwise import Loader, emit_chain, store_expr
 from .indexing import broadcast_index, filling_blocks, is_float, next_pow2, offset, unravel
@@ -67,10 +70,29 @@ def tiles(graph: Graph, nodes: list[Node]) -> list[tuple[str, TensorType, int, s
         t = graph.type_of(values[slot])  # type: ignore[arg-type]
         for j, letter in enumerate(dims):
             found.append((f"operand {slot} ({graph.value_name(values[slot])})", t, t.rank - 2 + j, keys[letter]))
-    out = nodes[-1].outputs[0]
-    found += [(f"result ({nodes[-1].name})", out, out.rank - 2, "BLOCK_M"),
-              (f"result ({nodes[-1].name})", out, out.rank - 1, "BLOCK_N")]
+    for k, out in enumerate(nodes[-1].outputs):
+        what = f"result ({nodes[-1].name}" + (f", part {k})" if _splits(nodes) else ")")
+        found += [(what, out, out.rank - 2, "BLOCK_M"), (what, out, out.rank - 1, "BLOCK_N")]
     return found
+
+
+def _splits(nodes: list[Node]) -> bool:
+    return len(nodes) > 1 and nodes[-1].op == "Split"
+
+
+def takes_split(graph: Graph, nodes: list[Node], node: Node) -> bool:
+    """Whether Split `node` of the group's result ends the group: one the split template runs,
+    along the result's rows or columns (the kernel then stores each part itself)."""
+    if node.op != "Split" or _splits(nodes) or not split.supports(graph, node):
+        return False
+    rank = nodes[-1].outputs[0].rank
+    return int(node.attrs.get("axis", 0)) % rank >= rank - 2
+
+
+def results(nodes: list[Node]) -> list[Value]:
+    """The values the kernel writes: each part of a Split that ends the group, else the last
+    node's result."""
+    return split.results(nodes) if _splits(nodes) else [Value(nodes[-1].name)]
 
 
 def defaults(graph: Graph, nodes: list[Node], target: GpuTarget) -> dict[str, Any]:
@@ -136,14 +158,36 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
     params: list[Value] = [values[0], values[1]]  # type: ignore[list-item]
     load = Loader(graph, batch + [M_IDX, N_IDX], [*batch_shape, s["m"], s["n"]], "mask", params, blocks=[M_IDX, N_IDX])
     lines += _gemm_epilogue(graph, node, values, load)
-    body, var = emit_chain(graph, nodes[1:], load, {Value(node.name): "acc"})
+    parts = nodes[-1] if _splits(nodes) else None
+    body, var = emit_chain(graph, nodes[1:-1] if parts else nodes[1:], load, {Value(node.name): "acc"})
     lines += body
-    final = nodes[-1].outputs[0]
     var = var or "acc"
-    where = offset(final, batch + [M_IDX, N_IDX])
-    lines.append(f"tl.store(out0 + {where}, {store_expr(var, final)}, mask=mask)  # {final}")
-    source = jit_function(fn_name, len(params), lines, ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "PRECISION"))
+    if parts is None:
+        final = nodes[-1].outputs[0]
+        where = offset(final, batch + [M_IDX, N_IDX])
+        lines.append(f"tl.store(out0 + {where}, {store_expr(var, final)}, mask=mask)  # {final}")
+    else:
+        lines += _part_stores(graph, parts, var, batch)
+    source = jit_function(fn_name, len(params), lines, ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "PRECISION"),
+                          results=len(results(nodes)))
     return source, params
+
+
+def _part_stores(graph: Graph, node: Node, var: str, batch: list[str]) -> list[str]:
+    """One masked store per part of Split `node` (along the rows or the columns): the block's
+    elements inside the part's range, at their index in the part."""
+    rank = node.outputs[0].rank
+    axis = int(node.attrs.get("axis", 0)) % rank
+    index = batch + [M_IDX, N_IDX]
+    lines, low = [], 0
+    for k, (out, size) in enumerate(zip(node.outputs, split.sizes(graph, node) or [])):
+        if size:
+            at = [f"{i} - {low}" if d == axis and low else i for d, i in enumerate(index)]
+            inside = f"({index[axis]} >= {low}) & ({index[axis]} < {low + size})"
+            lines.append(f"tl.store(out{k} + {offset(out, at)}, {store_expr(var, out)}, mask=mask & {inside})  "
+                         f"# {graph.value_name(Value(node.name, k))}: {out}")
+        low += size
+    return lines
 
 
 def swizzle(m: int, n: int) -> list[str]:

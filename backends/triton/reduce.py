@@ -495,7 +495,8 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
         out = anchor.outputs[0]
         cumsum = anchor.op == "CumSum"
         store_index = list(names) if cumsum else _per_row_index(names, axes, len(out.shape))
-        lines.append(f"tl.store(out0 + {offset(out, store_index)}, {store_expr('y', out)}{', mask=mask' if cumsum else ''})  "
+        mask = ", mask=mask" if cumsum else ""
+        lines.append(f"tl.store(out0 + {offset(out, store_index)}, {store_expr('y', out)}{mask})  "
                      f"# {anchor.name} ({anchor.op}): {out}")
         return jit_function(fn_name, len(params), lines), params
     if len(axes) == 1:

@@ -47,11 +47,15 @@ class Template:
     epilogue: Callable[[Graph, Node], bool] = lambda graph, anchor: False
     """Whether the kernel of a group with this anchor computes elementwise nodes after it."""
     widens: Callable[[Graph, Node], "tuple[int, ...] | None"] = lambda graph, anchor: None
-    """The shape an epilogue may go on in after one of the anchor's own result's shape (a
+    """The shape an epilogue may widen to after nodes of the anchor's result's shape (a
     reduction's row, after its one value per row), or None."""
     merges: Callable[[Graph, Node, Node, Value, Node], bool] = lambda graph, inner, outer, value, reader: False
     """Whether a group anchored at `inner`, whose result `value` a node `reader` of a group
-    anchored at `outer` reads, can run inside that group's kernel (two row ops over one row)."""
+    anchored at `outer` reads, can run inside that group's kernel (two row ops over one row;
+    two chains read at one index)."""
+    ends: Callable[[Graph, Nodes, Node], bool] = lambda graph, nodes, node: False
+    """Whether `node`, of another kind, may end a group of these `nodes` (its only operand
+    read, the group's result), writing its results instead (a matmul's Split)."""
     prologue: Callable[[Graph, Node], bool] = lambda graph, anchor: False
     """Whether the kernel of this anchor computes the chain of elementwise nodes that gives its
     first operand, on its row in registers (the chain's kernel and its result's buffer go)."""
@@ -104,7 +108,7 @@ TEMPLATES: dict[str, Template] = {
     "matmul": Template(
         "matmul", matmul.supports, matmul.kernel, matmul.grid, matmul.constexprs, matmul.defaults,
         keys=frozenset({"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "input_precision"}),
-        tiles=matmul.tiles, epilogue=_always),
+        tiles=matmul.tiles, results=matmul.results, epilogue=_always, ends=matmul.takes_split),
     "conv": Template(
         "conv", conv.supports, conv.kernel, conv.grid, conv.constexprs, conv.defaults,
         keys=frozenset({"BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "input_precision"}),
@@ -185,13 +189,21 @@ RULES: list[tuple[str, Callable[[Graph, Node], bool]]] = [
 def epilogue_shapes(graph: Graph, group: Any) -> list[tuple[int, ...]]:
     """The shapes of the elementwise nodes the kernel of `group` (a fusion.Group) may compute
     after its last one: that node's, and the shape its template widens to (none where the
-    template's rule for its anchor says it takes no epilogue)."""
+    template's rule for its anchor says it takes no epilogue, or the kernel writes several
+    results)."""
     template = TEMPLATES.get(group.kind)
-    if template is None or not template.epilogue(graph, group.anchor):
+    if template is None or not template.epilogue(graph, group.anchor) or len(template.results(group.nodes)) != 1:
         return []
     shapes = [tuple(int(d) for d in group.nodes[-1].outputs[0].shape)]
     wide = template.widens(graph, group.anchor)
     return shapes + ([wide] if wide is not None and wide not in shapes else [])
+
+
+def ends(graph: Graph, group: Any, node: Node) -> bool:
+    """Whether `node`, of another kind, ends `group` (a fusion.Group), writing its results:
+    the template's rule."""
+    template = TEMPLATES.get(group.kind)
+    return template is not None and template.ends(graph, group.nodes, node)
 
 
 def takes_prologue(graph: Graph, kind: str, node: Node) -> bool:

@@ -32,7 +32,7 @@ def _plain(t: TensorType) -> bool:
     return t.is_static and t.encoding is None
 
 
-def _axis_before_reshape(t_in: TensorType, t_out: TensorType, axis: int) -> int | None:
+def axis_before_reshape(t_in: TensorType, t_out: TensorType, axis: int) -> int | None:
     """The input dim that a reshape leaves as its result's dim `axis` (same size, same
     row-major stride), or None."""
     after = int(np.prod(t_out.shape[axis + 1:], dtype=np.int64))
@@ -94,7 +94,7 @@ def _projection(graph: Graph, split: Node) -> Projection | None:
         if producer.op == "Transpose":
             axis = transpose_perm(producer.attrs, producer.outputs[0].rank)[axis]
         elif producer.op == "Reshape":
-            found = _axis_before_reshape(graph.type_of(source), producer.outputs[0], axis)
+            found = axis_before_reshape(graph.type_of(source), producer.outputs[0], axis)
             if found is None:
                 return None
             axis = found

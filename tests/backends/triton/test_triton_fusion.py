@@ -13,6 +13,7 @@ import pytest
 from tilefold.backends.triton.executor import kernel_plans, kernel_sources
 from tilefold.graph import Graph
 from tilefold.graph.types import TensorType, Value
+from tilefold.layout.encoding import PackedEncoding
 
 F32 = np.float32
 
@@ -342,3 +343,47 @@ def test_two_heads_in_one_chain_kernel_keep_their_own_values(kit, device):
     assert _kernels(g) == [["part", "turned", "difference"]]
     _check(kit, g, {"u": rng.standard_normal((4, 9)).astype(F32), "v": rng.standard_normal((6, 4)).astype(F32)},
            device)
+
+
+@pytest.mark.parametrize("axis, sizes, packed_parts", [(1, [16, 16, 13], False), (1, [20, 5, 20], True),
+                                                       (0, [3, 4], True)])
+def test_a_split_of_a_matmul_s_result_ends_its_kernel(kit, device, axis, sizes, packed_parts):
+    """GPT-2's query, key and value: the matmul's kernel stores each part of the Split, along
+    its columns or its rows, at its index in the part and through the part's encoding (16x16
+    tiles or plain), from a 16x16-tiled result that is never written."""
+    rng = np.random.default_rng(20)
+    tiles = PackedEncoding((0, 1), (16, 16), pad=0.0)
+    m, n = (7, sum(sizes)) if axis == 1 else (sum(sizes), 24)
+    g = Graph("qkv")
+    y = kit.add(g, "MatMul", [g.add_input("x", TensorType((m, 10), F32)),
+                              g.add_constant(rng.standard_normal((10, n)).astype(F32), name="w")],
+                encoding=tiles, name="mm")
+    y = kit.add(g, "Add", [y, g.add_constant(rng.standard_normal(n).astype(F32), name="bias")], encoding=tiles,
+                name="bias_add")
+    kit.add(g, "Split", [y, g.add_constant(np.array(sizes, np.int64), name="sizes")], {"axis": axis}, name="parts")
+    node = g.node("parts")
+    for k in range(len(sizes)):
+        part = node.outputs[k]
+        node.outputs[k] = TensorType(part.shape, part.dtype, tiles if packed_parts else None)
+        out = Value("parts", k)
+        g.add_output(kit.add(g, "Unpack", [out], name=f"unpack{k}") if packed_parts else out, f"y{k}")
+    assert _kernels(g)[0] == ["mm", "bias_add", "parts"]
+    _check(kit, g, {"x": rng.standard_normal((m, 10)).astype(F32)}, device)
+
+
+def test_a_split_of_a_batch_dim_or_after_a_split_is_not_in_the_matmul_s_kernel(kit, device):
+    """Only rows or columns split in the matmul's kernel; and a kernel that writes several
+    results takes no epilogue (the Relu reads the one part that is read)."""
+    rng = np.random.default_rng(21)
+    g = Graph("batch_split")
+    y = kit.add(g, "MatMul", [g.add_input("x", TensorType((4, 5, 6), F32)),
+                              g.add_constant(rng.standard_normal((6, 7)).astype(F32), name="w")], name="mm")
+    kit.add(g, "Split", [y, g.add_constant(np.array([1, 3], np.int64), name="sizes")], {"axis": 0}, name="parts")
+    g.add_output(Value("parts", 0), "first")
+    columns = kit.add(g, "MatMul", [Value("parts", 1), g.add_constant(rng.standard_normal((7, 4)).astype(F32),
+                                                                     name="w2")], name="mm2")
+    kit.add(g, "Split", [columns, g.add_constant(np.array([2, 2], np.int64), name="half_sizes")], {"axis": -1},
+            name="halves")
+    g.add_output(kit.add(g, "Relu", [Value("halves", 0)], name="relu"), "relu")  # the other half unread
+    assert _kernels(g) == [["mm"], ["parts"], ["mm2", "halves"], ["relu"]]
+    _check(kit, g, {"x": rng.standard_normal((4, 5, 6)).astype(F32)}, device)
