@@ -82,6 +82,17 @@ def offset(t: TensorType, index: Sequence[str | None]) -> str:
     return " + ".join(terms) or "0"
 
 
+def walks_block(index: Sequence[str | None], blocks: Sequence[str] | set[str]) -> bool:
+    """Whether an index reads different elements in a block's lanes: one of its expressions
+    mentions one of `blocks`, the names that vary across lanes (a Slice's `2 + i0 * 2` does
+    too, so its load must be masked where the lanes run past the result)."""
+    names = [re.escape(b) for b in blocks]
+    if not names:
+        return False
+    pattern = re.compile(r"(?<!\w)(" + "|".join(names) + r")(?!\w)")
+    return any(i is not None and pattern.search(i) is not None for i in index)
+
+
 def broadcast_index(t: TensorType, index: Sequence[str], out_shape: Sequence[int]) -> list[str | None]:
     """Index of an operand `t` broadcast (numpy rules, right-aligned) to `out_shape`."""
     lead = len(out_shape) - t.rank

@@ -34,7 +34,7 @@ from ...graph.types import Value
 from . import lrn, pad, pool, resize
 from .codegen import Flag
 from .indexing import (broadcast_index, is_float, is_integer, offset, parameter, register_dtype, triton_dtype,
-                       unravel, value_ok)
+                       unravel, value_ok, walks_block)
 
 
 def _copy(args: list[str], node: Node, consts: list[Any]) -> str:
@@ -60,7 +60,7 @@ def _load(graph: Graph, value: Value, index: list[str | None], params: list[Valu
           blocks: list[str]) -> str:
     """A load at `index`; masked when the index walks the block (else one scalar per program)."""
     t = graph.type_of(value)
-    mask = ", mask=mask" if any(i in blocks for i in index) else ""
+    mask = ", mask=mask" if walks_block(index, blocks) else ""
     load = f"tl.load({parameter(params, value)} + {offset(t, index)}{mask})"
     if t.dtype.name in ("float16", "bfloat16"):
         load += ".to(tl.float32)"
@@ -83,7 +83,7 @@ def looked_up(graph: Graph, node: Node, indices: Value, index: list[str | None],
     of a dim of `size`. One outside [-size, size) sets a codegen.Flag (the executor raises after
     the run, as the NumPy backend does at once) and is read as 0, so that no load or store leaves
     its buffer meanwhile."""
-    masked = "mask & " if any(i in blocks for i in index) else ""
+    masked = "mask & " if walks_block(index, blocks) else ""
     lines = [f"{var} = {_load(graph, indices, index, params, note, blocks)}",
              f"{var} = tl.where({var} < 0, {var} + {size}, {var})",
              f"{var}_out = ({var} < 0) | ({var} >= {size})"]

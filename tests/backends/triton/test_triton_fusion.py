@@ -142,11 +142,13 @@ def test_an_integer_reduction_takes_no_epilogue(kit, device):
 
 
 def _rms_norm(kit, g: Graph, x, weight: np.ndarray, name: str = "rms"):
-    """LLaMA's RMSNorm as torch traces it: x * rsqrt(mean(x^2) + eps) * weight."""
-    square = kit.add(g, "Pow", [x, g.add_constant(np.array(2, F32), name=f"{name}_two")], name=f"{name}_square")
+    """LLaMA's RMSNorm as torch traces it: x * rsqrt(mean(x^2) + eps) * weight (in x's type)."""
+    dtype = weight.dtype
+    square = kit.add(g, "Pow", [x, g.add_constant(np.array(2, dtype), name=f"{name}_two")], name=f"{name}_square")
     mean = kit.add(g, "ReduceMean", [square, g.add_constant(np.array([-1], np.int64), name=f"{name}_axes")],
                    name=f"{name}_mean")
-    shifted = kit.add(g, "Add", [mean, g.add_constant(np.array(1e-6, F32), name=f"{name}_eps")], name=f"{name}_eps_add")
+    shifted = kit.add(g, "Add", [mean, g.add_constant(np.array(1e-6, dtype), name=f"{name}_eps")],
+                      name=f"{name}_eps_add")
     rstd = kit.add(g, "Reciprocal", [kit.add(g, "Sqrt", [shifted], name=f"{name}_root")], name=f"{name}_rstd")
     normed = kit.add(g, "Mul", [x, rstd], name=f"{name}_normed")
     return kit.add(g, "Mul", [normed, g.add_constant(weight, name=f"{name}_weight")], name=f"{name}_scaled")
@@ -387,3 +389,24 @@ def test_a_split_of_a_batch_dim_or_after_a_split_is_not_in_the_matmul_s_kernel(k
     g.add_output(kit.add(g, "Relu", [Value("halves", 0)], name="relu"), "relu")  # the other half unread
     assert _kernels(g) == [["mm"], ["parts"], ["mm2", "halves"], ["relu"]]
     _check(kit, g, {"x": rng.standard_normal((4, 5, 6)).astype(F32)}, device)
+
+
+def test_fused_rms_norm_and_matmul_split_in_float16_compute_in_float32(kit, device):
+    """float16 operands are widened when loaded and the results narrowed when stored: RMSNorm's
+    one kernel and a matmul whose kernel stores its Split's parts match the NumPy backend
+    within a few steps of float16 (which rounds after every node; the NumPy backend has no
+    bfloat16 to compare with)."""
+    dtype = np.float16
+    rng = np.random.default_rng(22)
+    g = Graph("half")
+    x = g.add_input("x", TensorType((3, 16), dtype))
+    normed = _rms_norm(kit, g, x, rng.uniform(0.5, 1.5, 16).astype(dtype))
+    y = kit.add(g, "MatMul", [normed, g.add_constant(rng.standard_normal((16, 12)).astype(dtype), name="w")], name="mm")
+    kit.add(g, "Split", [y, g.add_constant(np.array([4, 8], np.int64), name="sizes")], {"axis": -1}, name="parts")
+    g.add_output(Value("parts", 0), "a")
+    g.add_output(Value("parts", 1), "b")
+    assert [k[-1] for k in _kernels(g)] == ["rms_scaled", "parts"]
+    got, want = kit.run_both(g, {"x": rng.standard_normal((3, 16)).astype(dtype)}, device)
+    for name in want:
+        assert got[name].dtype == want[name].dtype == dtype
+        np.testing.assert_allclose(got[name].astype(F32), want[name].astype(F32), rtol=3e-2, atol=3e-2, err_msg=name)

@@ -9,7 +9,7 @@ import pytest
 
 from tilefold.backends.numpy import NumpyExecutable
 from tilefold.backends.triton import TritonExecutable
-from tilefold.backends.triton.executor import kernel_plans
+from tilefold.backends.triton.executor import kernel_plans, kernel_sources
 from tilefold.graph import Graph
 from tilefold.graph.errors import InputError
 from tilefold.graph.types import TensorType
@@ -110,3 +110,19 @@ def test_two_lookups_merged_into_one_kernel_each_name_their_own_node(kit, device
     wrong = {**feeds, "ids" if bad == "words" else "pos": np.full((2, 5), 11)}
     with pytest.raises(InputError, match=rf"node '{bad}' \(op Gather\)"):
         exe(wrong)
+
+
+def test_a_head_whose_index_is_computed_from_the_lanes_masks_its_load(kit, device):
+    """A rank-1 Slice with a step reads its operand at 2 + i0 * 2: the lanes past the result's
+    4 elements would read past the operand's 10, so the load is masked like the store (it was
+    not: the mask followed only indices that were the lanes' names themselves)."""
+    g = Graph("strided")
+    ints = lambda v, n: g.add_constant(np.array([v], np.int64), name=n)  # noqa: E731
+    picked = kit.add(g, "Slice", [g.add_input("x", TensorType((10,), F32)), ints(2, "start"), ints(9, "stop"),
+                                  ints(0, "axis"), ints(2, "step")], name="picked")
+    g.add_output(kit.add(g, "Relu", [picked], name="relu"), "y")
+    [(_, source)] = kernel_sources(g)
+    [load] = [line for line in source.splitlines() if "tl.load(" in line]
+    assert "(2 + i0 * 2), mask=mask)" in load
+    x = np.random.default_rng(5).standard_normal(10).astype(F32)
+    np.testing.assert_array_equal(TritonExecutable(g, device=device)({"x": x})["y"], np.maximum(x[2:9:2], 0))
