@@ -179,13 +179,15 @@ def _part_stores(graph: Graph, node: Node, var: str, batch: list[str]) -> list[s
     rank = node.outputs[0].rank
     axis = int(node.attrs.get("axis", 0)) % rank
     index = batch + [M_IDX, N_IDX]
+    sizes = split.sizes(graph, node) or []
     lines, low = [], 0
-    for k, (out, size) in enumerate(zip(node.outputs, split.sizes(graph, node) or [])):
+    for k, (out, size) in enumerate(zip(node.outputs, sizes)):
         if size:
             at = [f"{i} - {low}" if d == axis and low else i for d, i in enumerate(index)]
-            inside = f"({index[axis]} >= {low}) & ({index[axis]} < {low + size})"
-            lines.append(f"tl.store(out{k} + {offset(out, at)}, {store_expr(var, out)}, mask=mask & {inside})  "
-                         f"# {graph.value_name(Value(node.name, k))}: {out}")
+            inside = ([f"({index[axis]} >= {low})"] if low else []) + \
+                ([f"({index[axis]} < {low + size})"] if low + size < sum(sizes) else [])
+            lines.append(f"tl.store(out{k} + {offset(out, at)}, {store_expr(var, out)}, "
+                         f"mask={' & '.join(['mask', *inside])})  # {graph.value_name(Value(node.name, k))}: {out}")
         low += size
     return lines
 

@@ -106,8 +106,9 @@ def _merge(graph: Graph, members: list[_Member]) -> None:
         value = Value(graph.add_node("Add", [value, bias], [TensorType(shape, out.dtype)], {},
                                      name=f"{first.name}_merged_bias", origin=first.origin).name)
     parts = [TensorType(out.shape[:-1] + (size,), out.dtype) for size in sizes]
-    split = graph.add_node("Split", [value, graph.add_constant(np.array(sizes, np.int64), name=f"{first.name}_parts")],
-                           parts, {"axis": -1}, name=f"{first.name}_parts", origin=first.origin)
+    sizes_value = graph.add_constant(np.array(sizes, np.int64), name=f"{first.name}_part_sizes")
+    split = graph.add_node("Split", [value, sizes_value], parts, {"axis": -1}, name=f"{first.name}_parts",
+                           origin=first.origin)
     for k, member in enumerate(members):
         graph.replace_all_uses(member.result, Value(split.name, k))
         for node in (member.bias_add, member.matmul):

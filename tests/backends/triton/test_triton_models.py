@@ -37,6 +37,21 @@ def test_model_matches_onnxruntime(kit, device, name, optimized):
     assert exe.fallback_nodes == []
 
 
+def test_a_transformer_layer_computes_query_key_and_value_in_one_kernel(kit, device):
+    """On the gpu target the three projections of one activation are one product, whose kernel
+    stores the three parts (merge_projections, then the matmul's Split); the layer still
+    matches onnxruntime."""
+    model, shape = _models(kit)["transformer"]
+    g = tilefold.optimize(tilefold.load(model), "gpu").graph
+    kernels = [[g.node(n).op for n in names] for names, _ in kernel_sources(g)]
+    assert kernels.count(["MatMul", "Add", "Split"]) == 1
+    assert sum(ops[0] == "MatMul" for ops in kernels) == 6  # QKV, QK^T, PV, out, 2 FFN
+    x = np.random.default_rng(12).standard_normal(shape).astype(np.float32)
+    name = model.graph.input[0].name
+    kit.assert_close(TritonExecutable(g, device=device)({name: x}), kit.ort_outputs(model, {name: x}),
+                     rtol=1e-4, atol=1e-5)
+
+
 def test_optimized_mlp_runs_one_kernel_per_layer(kit):
     g = tilefold.optimize(tilefold.load(mlp_model(batch=5, sizes=(32, 48, 7), seed=1)), "gpu").graph
     sources = kernel_sources(g)
