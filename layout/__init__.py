@@ -34,7 +34,8 @@ def optimize(graph: Graph, target: str = "cpu", *, verify: bool = False) -> Layo
     `graph` is left unchanged; both returned graphs are new. A graph already optimized for
     this target (`graph.meta["target"]`, kept by the ONNX writer) comes back as it is (a copy), as both
     `before` and `after`, with an empty log; one optimized for another target is stripped to
-    its plain equivalent (`strip.strip_layouts`) and planned again.
+    its plain equivalent (`strip.strip_layouts`) and planned again. A target that asks for it
+    (`Target.merges_projections`: gpu) has Linear layers of one activation merged first.
     """
     from ..graph.passes.dce import dce
     from ..graph.passes.merge_projections import merge_projections

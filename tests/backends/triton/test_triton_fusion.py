@@ -2,9 +2,11 @@
 elementwise ops after it as an epilogue; a value read by several nodes (the safe softmax's
 Where(IsNaN(s), 0, s), SiLU's x * sigmoid(x), GPT-2's tanh GELU) stays in registers when the
 region of its readers closes on one node; a reduction computes the chain that gives its row
-as a prologue, and its epilogue goes on over the row where it keeps its dims (RMSNorm). Each
-fused kernel matches the NumPy backend on fresh random inputs; a value something outside the
-group reads is still written."""
+as a prologue, and its epilogue goes on over the row where it keeps its dims (RMSNorm); a
+group whose result only another group reads runs in that group's kernel where they fit (two
+row ops over one row, chains read at one index); a Split ends a matmul's kernel. Each fused
+kernel matches the NumPy backend on fresh random inputs; a value something outside the group
+reads is still written."""
 from __future__ import annotations
 
 import numpy as np
