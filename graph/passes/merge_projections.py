@@ -9,7 +9,8 @@ programs. GPT-2 is exported this way already (its c_attn and a Split). The merge
 the pieces' columns side by side, the bias likewise; the parts are the old results, for the
 same FLOPs and weight bytes.
 
-Merged: MatMuls of one plain static operand by constant 2-D plain weights, each alone or
+Merged: MatMuls of one plain static operand by constant 2-D plain weights (not ones that stand
+for a dequantized weight, which stays whole, as in split_projections), each alone or
 read only by an Add of a constant bias of its features (all members alike), two or more of
 them. Gemm (torch's Linear of a matrix) is left alone, and so is a layer whose features reach,
 whole, a Transpose that moves them off the last dim (FocalNet's NCHW pieces): the layers that
@@ -23,9 +24,9 @@ import numpy as np
 
 from ..graph import Graph, Node
 from ..ops.tensor import transpose_perm
-from ..types import TensorType, Value, as_array
+from ..types import TensorType, Value
 from .pipeline import Pass, PassResult
-from .projections import axis_before_reshape
+from .projections import axis_before_reshape, constant_weights, plain
 
 
 @dataclass
@@ -38,15 +39,6 @@ class _Member:
     @property
     def result(self) -> Value:
         return Value((self.bias_add or self.matmul).name)
-
-
-def _constant(graph: Graph, value: Value | None) -> np.ndarray | None:
-    const = graph.constant_value(value) if value is not None else None
-    return None if const is None else as_array(const)
-
-
-def _plain(t: TensorType) -> bool:
-    return t.is_static and t.encoding is None
 
 
 def _features_leave_the_last_dim(graph: Graph, value: Value) -> bool:
@@ -75,17 +67,17 @@ def _member(graph: Graph, node: Node) -> _Member | None:
     """`node` as a member: a MatMul of a plain static operand by a constant 2-D weight, with
     the Add of its bias where that Add alone reads it."""
     a, w = graph.inputs_of(node.name)[:2]
-    weight = _constant(graph, w)
-    if a is None or weight is None or weight.ndim != 2 or not _plain(graph.type_of(a)) or \
-            not _plain(node.outputs[0]) or graph.type_of(a).rank < 2:
+    weight = constant_weights(graph, w)
+    if a is None or weight is None or weight.ndim != 2 or not plain(graph.type_of(a)) or \
+            not plain(node.outputs[0]) or graph.type_of(a).rank < 2:
         return None
     users = graph.users(Value(node.name))
     if len(users) == 1:
         add = graph.node(users[0][0])
         others = [v for v in graph.inputs_of(add.name) if v != Value(node.name)]
-        bias = _constant(graph, others[0]) if add.op == "Add" and len(others) == 1 else None
+        bias = constant_weights(graph, others[0]) if add.op == "Add" and len(others) == 1 else None
         if bias is not None and bias.shape == (weight.shape[1],) and bias.dtype == weight.dtype and \
-                add.outputs[0].shape == node.outputs[0].shape and _plain(add.outputs[0]):
+                add.outputs[0].shape == node.outputs[0].shape and plain(add.outputs[0]):
             member = _Member(node, weight, add, bias)
             return None if _features_leave_the_last_dim(graph, member.result) else member
     return None if _features_leave_the_last_dim(graph, Value(node.name)) else _Member(node, weight, None, None)

@@ -28,7 +28,8 @@ from ..types import TensorType, Value, as_array
 from .pipeline import Pass, PassResult
 
 
-def _plain(t: TensorType) -> bool:
+def plain(t: TensorType) -> bool:
+    """A static type with no encoding: a Linear layer's operands and results these passes change."""
     return t.is_static and t.encoding is None
 
 
@@ -42,7 +43,7 @@ def axis_before_reshape(t_in: TensorType, t_out: TensorType, axis: int) -> int |
     return None
 
 
-def _weights(graph: Graph, value: Value | None) -> np.ndarray | None:
+def constant_weights(graph: Graph, value: Value | None) -> np.ndarray | None:
     """A constant's value, unless it stands for a dequantized one (kept whole)."""
     if value is None:
         return None
@@ -69,14 +70,14 @@ def _projection(graph: Graph, split: Node) -> Projection | None:
     """`split`'s Projection, or None where the pattern does not hold."""
     x = graph.inputs_of(split.name)[0]
     t = graph.type_of(x)
-    if not _plain(t) or not all(_plain(o) for o in split.outputs):
+    if not plain(t) or not all(plain(o) for o in split.outputs):
         return None
     split_axis = axis = norm_axis(split.attrs.get("axis", 0), t.rank)
     chain: list[tuple[Node, int]] = []
     bias_add: Node | None = None  # the Add of a MatMul's bias (torch.onnx's Linear layer)
     while True:
         producer = graph.node(x.node)
-        if len(graph.users(x)) != 1 or len(producer.outputs) != 1 or not _plain(producer.outputs[0]):
+        if len(graph.users(x)) != 1 or len(producer.outputs) != 1 or not plain(producer.outputs[0]):
             return None
         if producer.op in ("Gemm", "MatMul"):
             break
@@ -88,7 +89,7 @@ def _projection(graph: Graph, split: Node) -> Projection | None:
                 continue
         inputs = graph.inputs_of(producer.name)
         source = inputs[0] if inputs else None
-        if source is None or not _plain(graph.type_of(source)):
+        if source is None or not plain(graph.type_of(source)):
             return None
         chain.insert(0, (producer, axis))
         if producer.op == "Transpose":
@@ -105,11 +106,11 @@ def _projection(graph: Graph, split: Node) -> Projection | None:
     if axis != out.rank - 1 or not any(node.op == "Transpose" and a != node.outputs[0].rank - 1 for node, a in chain):
         return None
     operands = graph.inputs_of(producer.name)
-    b = _weights(graph, operands[1])
+    b = constant_weights(graph, operands[1])
     if b is None or b.ndim != 2 or (producer.op == "Gemm" and producer.attrs.get("transA", 0)):
         return None
     bias = graph.inputs_of(bias_add.name)[1] if bias_add is not None else (operands[2] if len(operands) > 2 else None)
-    c = _weights(graph, bias)
+    c = constant_weights(graph, bias)
     if bias is not None and (c is None or c.ndim > out.rank):
         return None
     return Projection(producer, b, c, chain, split_axis, bias_add)

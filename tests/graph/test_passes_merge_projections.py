@@ -105,3 +105,29 @@ def test_layers_whose_whole_features_a_transpose_moves_off_the_last_dim_stay_apa
     got = NumpyExecutable(graph)(feeds)
     for name, value in zip(outputs, want):
         np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+def test_a_weight_that_stands_for_a_dequantized_one_stays_whole():
+    """A written model keeps its integers: the MatMul of a weight folded from DequantizeLinear
+    is not merged (the other two are)."""
+    from tilefold.graph import Graph
+    from tilefold.graph.graph import DEQUANTIZED
+    from tilefold.graph.ops.quantize import dequantized_value
+    from tilefold.graph.types import Dequantized, TensorType, Value
+
+    origin = Dequantized(RNG.integers(-128, 128, (D, D)).astype(np.int8), np.array(0.05, np.float32), None, 1, 0)
+    g = Graph("quantized")
+    x = g.add_input("x", TensorType((T, D), np.float32))
+    weights = [g.add_constant(dequantized_value(origin), name="wq", dequantized=origin)]
+    weights += [g.add_constant((RNG.standard_normal((D, D)) * 0.3).astype(np.float32), name=n) for n in ("wk", "wv")]
+    for k, w in enumerate(weights):
+        g.add_output(Value(g.add_node("MatMul", [x, w], [TensorType((T, D), np.float32)], {}, name=f"mm{k}").name),
+                     f"y{k}")
+    reference = g.copy()
+    merged = run_passes(g, [merge_projections, dce], verify=True)
+    assert _ops(merged) == ["MatMul", "MatMul", "Split"]
+    assert any(DEQUANTIZED in n.attrs for n in merged.nodes())
+    feeds = {"x": RNG.standard_normal((T, D)).astype(np.float32)}
+    want, got = NumpyExecutable(reference)(feeds), NumpyExecutable(merged)(feeds)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
