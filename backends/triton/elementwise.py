@@ -446,8 +446,8 @@ def chain_kernel(graph: Graph, nodes: Sequence[Node], fn_name: str) -> tuple[str
     env: dict[Value, str] = {}
     body: list[str] = []
     for k, node in enumerate(nodes):
-        operand = graph.inputs_of(node.name)[0] if graph.inputs_of(node.name) else None
-        if node.op in HEADS and operand not in env:
+        operands = graph.inputs_of(node.name)
+        if node.op in HEADS and (operands[0] if operands else None) not in env:
             lines, var = HEADS[node.op](graph, node, names, params)
             body += lines + [f"h{k} = {var}  # {node.name} ({node.op})"]  # a later head reuses the names
             env[Value(node.name)] = f"h{k}"

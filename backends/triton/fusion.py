@@ -160,15 +160,16 @@ def group_nodes(graph: Graph, rules: Rules, fuse: bool = True) -> list[Group]:
     docstring; `rules` are the templates')."""
     order = [n for n in graph.nodes() if n.op not in (INPUT, OUTPUT, CONSTANT)]
     position = {n.name: i for i, n in enumerate(order)}
+    kinds = {n.name: rules.classify(graph, n) for n in order}  # once: a view's check packs indices
     owner: dict[str, Group] = {}
     owed: dict[str, Group] = {}  # a region's later nodes -> the group they must join
 
     def is_free(node: Node) -> bool:
-        return node.name not in owner and node.name not in owed and rules.classify(graph, node) == "chain"
+        return node.name not in owner and node.name not in owed and kinds[node.name] == "chain"
 
     groups: list[Group] = []
     for node in order:
-        kind = rules.classify(graph, node)
+        kind = kinds[node.name]
         joined = owed.pop(node.name, None)
         if fuse and kind == "chain" and joined is None:
             for value in graph.inputs_of(node.name):
@@ -186,7 +187,7 @@ def group_nodes(graph: Graph, rules: Rules, fuse: bool = True) -> list[Group]:
             for inner in _merge(graph, node, joined, rules, owner, owed):
                 groups.remove(inner)
                 joined.nodes = sorted(inner.nodes + joined.nodes, key=lambda n: position[n.name])
-                joined.head = next(i for i, n in enumerate(joined.nodes) if rules.classify(graph, n) == joined.kind)
+                joined.head = next(i for i, n in enumerate(joined.nodes) if kinds[n.name] == joined.kind)
                 owner.update((n.name, joined) for n in inner.nodes)
         if fuse and joined is None and kind != "chain":
             before = _operand_group(graph, node, owner)

@@ -82,10 +82,10 @@ def kernel_groups(graph: Graph, fuse: bool = True) -> list[Group]:
 
 def verify_launch(graph: Graph, fuse: bool = True) -> None:
     """Check every kernel's configuration against its nodes' encodings (VerifyError)."""
-    for group in kernel_groups(graph, fuse):
-        if group.kind in TEMPLATES:
-            check(graph, group, config(graph, group))
-    launched = {g.anchor.name for g in kernel_groups(graph, fuse) if g.kind in TEMPLATES}
+    groups = [g for g in kernel_groups(graph, fuse) if g.kind in TEMPLATES]
+    for group in groups:
+        check(graph, group, config(graph, group))
+    launched = {g.anchor.name for g in groups}
     for node in graph.nodes():
         if node.launch and node.name not in launched:
             raise VerifyError(f"{where(node)}: has a launch configuration but runs no generated kernel "

@@ -167,29 +167,10 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
         where = offset(final, batch + [M_IDX, N_IDX])
         lines.append(f"tl.store(out0 + {where}, {store_expr(var, final)}, mask=mask)  # {final}")
     else:
-        lines += _part_stores(graph, parts, var, batch)
+        lines += split.part_stores(graph, parts, batch + [M_IDX, N_IDX], var, narrow=True)
     source = jit_function(fn_name, len(params), lines, ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "PRECISION"),
                           results=len(results(nodes)))
     return source, params
-
-
-def _part_stores(graph: Graph, node: Node, var: str, batch: list[str]) -> list[str]:
-    """One masked store per part of Split `node` (along the rows or the columns): the block's
-    elements inside the part's range, at their index in the part."""
-    rank = node.outputs[0].rank
-    axis = int(node.attrs.get("axis", 0)) % rank
-    index = batch + [M_IDX, N_IDX]
-    sizes = split.sizes(graph, node) or []
-    lines, low = [], 0
-    for k, (out, size) in enumerate(zip(node.outputs, sizes)):
-        if size:
-            at = [f"{i} - {low}" if d == axis and low else i for d, i in enumerate(index)]
-            inside = ([f"({index[axis]} >= {low})"] if low else []) + \
-                ([f"({index[axis]} < {low + size})"] if low + size < sum(sizes) else [])
-            lines.append(f"tl.store(out{k} + {offset(out, at)}, {store_expr(var, out)}, "
-                         f"mask={' & '.join(['mask', *inside])})  # {graph.value_name(Value(node.name, k))}: {out}")
-        low += size
-    return lines
 
 
 def swizzle(m: int, n: int) -> list[str]:

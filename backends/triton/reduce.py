@@ -228,13 +228,12 @@ def merges(graph: Graph, inner: Node, outer: Node, value: Value, reader: Node) -
     take epilogues (not scans, TopK or integer rows), reduce the same dims of operands of one
     shape, and `value` is what `reader` reads at each element, in registers: of `reader`'s
     shape, or one value per row with the reduced dims kept, read by a node of the row's shape."""
-    if not (takes_epilogue(graph, inner) and takes_epilogue(graph, outer)) or \
-            axes_of(graph, inner) != axes_of(graph, outer):
+    axes = axes_of(graph, outer) or ()
+    if not (takes_epilogue(graph, inner) and takes_epilogue(graph, outer)) or (axes_of(graph, inner) or ()) != axes:
         return False
     row = tuple(int(d) for d in graph.type_of(graph.inputs_of(outer.name)[0]).shape)  # type: ignore[arg-type]
     if tuple(int(d) for d in graph.type_of(graph.inputs_of(inner.name)[0]).shape) != row:  # type: ignore[arg-type]
         return False
-    axes = axes_of(graph, outer) or ()
     kept = tuple(1 if d in axes else n for d, n in enumerate(row))
     got, wanted = tuple(int(d) for d in graph.type_of(value).shape), tuple(int(d) for d in reader.outputs[0].shape)
     return got == wanted or (got == kept and wanted == row)

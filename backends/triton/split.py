@@ -3,7 +3,8 @@
 The kernel iterates the logical elements of the operand (a chain iterates its result's):
 each element is loaded once, through the operand's encoding, and stored by one masked
 `tl.store` per result, the one whose range along the axis holds it, at its index along the
-axis minus that range's start, through that result's own encoding. So a packed operand may
+axis minus that range's start, through that result's own encoding (`part_stores`, which a
+matmul whose kernel ends with a Split shares). So a packed operand may
 be split into plain results and the other way round, along a tiled axis or not. The results
 are the pointers `out0, out1, ...`, one per output slot of the node in order, read or not
 (a multi-result kernel: executor.py fills each padded packed one before the launch). A split
@@ -22,7 +23,7 @@ from ...graph.graph import Graph, Node
 from ...graph.types import Value, as_array
 from ..numpy.kernels.tensor import split_sizes
 from .codegen import Table, jit_function
-from .elementwise import block_lines, value_ok
+from .elementwise import block_lines, store_expr, value_ok
 from .indexing import offset
 
 
@@ -77,19 +78,29 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
     assert value is not None
     t = graph.type_of(value)
     shape = [int(d) for d in t.shape]
-    axis = _axis(graph, node)
     names = [f"i{d}" for d in range(len(shape))]
     lines = block_lines(shape, names)
     lines.append(f"x = tl.load(in0 + {offset(t, names)}, mask=mask)  # {graph.value_name(value)}: {t}")
-    low = 0
-    for k, (out, size) in enumerate(zip(node.outputs, sizes(graph, node) or [])):
-        if size:
-            index = [f"{names[d]} - {low}" if d == axis and low else names[d] for d in range(len(names))]
-            inside = ([f"({names[axis]} >= {low})"] if low else []) + \
-                ([f"({names[axis]} < {low + size})"] if low + size < shape[axis] else [])
-            mask = " & ".join(["mask", *inside])
-            lines.append(f"tl.store(out{k} + {offset(out, index)}, x, mask={mask})  "
-                         f"# {graph.value_name(Value(node.name, k))}: {out}")
-        low += size
+    lines += part_stores(graph, node, names, "x")
     source = jit_function(fn_name, 1, lines, results=len(node.outputs))
     return source, [value]
+
+
+def part_stores(graph: Graph, node: Node, index: list[str], var: str, narrow: bool = False) -> list[str]:
+    """One masked `tl.store` per part of Split `node` of `var`, the operand's elements at
+    logical `index`: those inside the part's range along the axis, at their index in the part
+    minus its start, through the part's encoding (`out0, out1, ...`); `narrow`: `var` is float32
+    registers, converted to each part's dtype (a matmul's accumulator)."""
+    axis = _axis(graph, node)
+    parts = sizes(graph, node) or []
+    lines, low = [], 0
+    for k, (out, size) in enumerate(zip(node.outputs, parts)):
+        if size:
+            at = [f"{i} - {low}" if d == axis and low else i for d, i in enumerate(index)]
+            inside = ([f"({index[axis]} >= {low})"] if low else []) + \
+                ([f"({index[axis]} < {low + size})"] if low + size < sum(parts) else [])
+            value = store_expr(var, out) if narrow else var
+            lines.append(f"tl.store(out{k} + {offset(out, at)}, {value}, mask={' & '.join(['mask', *inside])})  "
+                         f"# {graph.value_name(Value(node.name, k))}: {out}")
+        low += size
+    return lines
