@@ -103,14 +103,14 @@ def _kernels(graph: Any, feeds: dict[str, Any], tf32: bool, device: str) -> Call
     return lambda: [step.run(args) for step, args in launches]
 
 
-def _tuned(graph: Any, feeds: dict[str, Any], tune: int, device: str) -> tuple[Any, str]:
-    """`graph` with its kernels autotuned over up to `tune` configurations each, and what was
-    chosen (`BLOCK_M=64 ... num_stages=3`) for the row's label."""
+def _tuned(graph: Any, feeds: dict[str, Any], tune: int, device: str) -> str:
+    """Autotune `graph`'s kernels in place over up to `tune` configurations each; what was
+    chosen (`BLOCK_M=64 ... num_stages=3`), for the row's label."""
     from tilefold.backends.triton.autotune import autotune
 
     chosen = autotune(graph, feeds, device=device, limit=tune)
-    return graph, "; ".join(" ".join(f"{k}={v}" for k, v in sorted(cfg.items()) if k != "input_precision")
-                            for cfg in chosen.values())
+    return "; ".join(" ".join(f"{k}={v}" for k, v in sorted(cfg.items()) if k != "input_precision")
+                     for cfg in chosen.values())
 
 
 def _row(name: str, ours: float, peer: float, peer_name: str) -> None:
@@ -176,8 +176,8 @@ def bench_templates(repeat: int, tf32: bool, device: str = "cuda", dtype: str = 
             name = f"matmul {m}x{k}x{n} packed, tuned"
 
             def tuned() -> None:
-                graph, chosen = _tuned(_tf32(variants["packed 16x16 weight"]()) if tf32 else
-                                       variants["packed 16x16 weight"](), {"a": a_dev}, tune, device)
+                graph = variants["packed 16x16 weight"]()
+                chosen = _tuned(_tf32(graph) if tf32 else graph, {"a": a_dev}, tune, device)
                 _row(f"{name} ({chosen})", _time(_kernels(graph, {"a": a_dev}, tf32, device), repeat), peer, "cuBLAS")
             _guarded(name, tuned, failures)
 
@@ -190,7 +190,7 @@ def bench_templates(repeat: int, tf32: bool, device: str = "cuda", dtype: str = 
         name = f"conv {batch}x{c}x{h}x{wd} -> {f} k{k} s{s} (incl. NCHWc16 pack/unpack)"
         _row(name, _time(_kernels(graph, {"x": x_dev}, tf32, device), repeat), peer, "cuDNN")
         if tune:
-            graph, chosen = _tuned(_tf32(graph) if tf32 else graph, {"x": x_dev}, tune, device)
+            chosen = _tuned(_tf32(graph) if tf32 else graph, {"x": x_dev}, tune, device)
             _row(f"{name}, tuned ({chosen})", _time(_kernels(graph, {"x": x_dev}, tf32, device), repeat), peer,
                  "cuDNN")
 
