@@ -4,7 +4,9 @@ is faster).
 1. Templates on the same shapes as their PyTorch peers (cuBLAS, cuDNN, torch's softmax and
    layer norm): matmul with the weight packed in the gpu target's 16x16 tiles, row-major
    (K, N), and row-major transposed (N, K) read through Gemm transB: whether packing the
-   weight pays is measured here, not assumed; conv on NCHWc16 vs cuDNN; softmax and layer norm.
+   weight pays is measured here, not assumed; conv on NCHWc16 vs cuDNN; softmax and layer norm;
+   attention (Q K^T scaled, softmax, times V: one flash-attention kernel) against torch's
+   scaled_dot_product_attention.
 2. End to end: ResNet-50 and BERT-base (bench/models.py exports), optimized for the gpu target
    and run by `TritonExecutable(device="cuda")`, against eager PyTorch and `torch.compile`
    (inductor) on the same inputs; outputs copied to the host on both sides. Also printed: the
@@ -44,7 +46,10 @@ CONV_SHAPES = ((8, 64, 56, 56, 64, 3, 1), (8, 256, 56, 56, 64, 1, 1), (8, 128, 2
                (8, 512, 7, 7, 512, 3, 1))
 """(batch, C, H, W, F, kernel, stride)."""
 ROW_SHAPES = ((4096, 768), (8 * 12 * 128, 128), (1024, 4096))
-SMOKE = {"matmul": ((20, 33, 18),), "conv": ((1, 5, 6, 6, 7, 3, 1),), "rows": ((9, 30),)}
+ATTENTION_SHAPES = ((1, 12, 128, 64), (8, 12, 128, 64), (1, 12, 1024, 64), (2, 16, 2048, 128))
+"""(batch, heads, sequence, head dim): BERT-base at batch 1 and 8, longer sequences."""
+SMOKE = {"matmul": ((20, 33, 18),), "conv": ((1, 5, 6, 6, 7, 3, 1),), "rows": ((9, 30),),
+         "attention": ((1, 2, 20, 24),)}
 """Tiny shapes for `--device interp`: checks the script runs without a GPU (times mean nothing)."""
 
 
@@ -64,11 +69,14 @@ def _time(fn: Callable[[], Any], repeat: int) -> float:
 
 
 def _tf32(graph: Any) -> Any:
+    """`graph` with TF32 products: on the anchor of each kernel with a tl.dot (a node fused into
+    another's kernel takes no configuration of its own)."""
     from tilefold.backends.triton import set_launch
+    from tilefold.backends.triton.launch import DOT_KINDS, kernel_groups
 
-    for op in ("MatMul", "Gemm", "Conv"):
-        if any(n.op == op for n in graph.nodes()):
-            set_launch(graph, op, input_precision="tf32")
+    for group in kernel_groups(graph):
+        if group.kind in DOT_KINDS:
+            set_launch(graph, group.anchor, input_precision="tf32")
     return graph
 
 
@@ -89,6 +97,27 @@ def _one_node(op: str, inputs: list[tuple[str, np.ndarray, bool]], attrs: dict, 
     node = g.add_node(op, values, infer(op, full, types, [a if c else None for _, a, c in inputs]), full)
     g.add_output(type(values[0])(node.name), "y")
     return tilefold.optimize(g, target).graph if target else g
+
+
+def _attention_graph(q: np.ndarray, kt: np.ndarray, v: np.ndarray) -> Any:
+    """softmax(Q K^T / sqrt(d)) V on inputs q, kt (K transposed), v: the attention template's
+    run of three groups, which it runs as one kernel."""
+    from tilefold.graph import Graph
+    from tilefold.graph.registry import infer, with_defaults
+    from tilefold.graph.types import TensorType, Value
+
+    g = Graph("attention")
+    values = {name: g.add_input(name, TensorType(a.shape, a.dtype)) for name, a in (("q", q), ("kt", kt), ("v", v))}
+    scale = g.add_constant(np.array(1 / np.sqrt(q.shape[-1])).astype(q.dtype), name="scale")
+
+    def add(op: str, inputs: list[Any], **attrs: Any) -> Any:
+        full = with_defaults(op, attrs)
+        types = [g.type_of(x) for x in inputs]
+        return Value(g.add_node(op, inputs, infer(op, full, types, [g.constant_value(x) for x in inputs]), full).name)
+
+    scores = add("Mul", [add("MatMul", [values["q"], values["kt"]]), scale])
+    g.add_output(add("MatMul", [add("Softmax", [scores], axis=-1), values["v"]]), "y")
+    return g
 
 
 def _kernels(graph: Any, feeds: dict[str, Any], tf32: bool, device: str) -> Callable[[], Any]:
@@ -209,6 +238,17 @@ def bench_templates(repeat: int, tf32: bool, device: str = "cuda", dtype: str = 
         _row(f"layer norm {rows}x{cols}", _time(norm, repeat),
              _time(lambda: torch.nn.functional.layer_norm(x_dev, (cols,), g_dev, b_dev), repeat), "torch")
 
+    def attention(batch: int, heads: int, seq: int, dim: int) -> None:
+        q, q_dev = data(batch, heads, seq, dim)
+        k, k_dev = data(batch, heads, seq, dim)
+        v, v_dev = data(batch, heads, seq, dim)
+        graph = _attention_graph(q, np.ascontiguousarray(k.transpose(0, 1, 3, 2)), v)
+        kt_dev = k_dev.transpose(2, 3).contiguous()
+        feeds = {"q": q_dev, "kt": kt_dev, "v": v_dev}
+        peer = _time(lambda: torch.nn.functional.scaled_dot_product_attention(q_dev, k_dev, v_dev), repeat)
+        _row(f"attention {batch}x{heads}x{seq}x{dim}", _time(_kernels(graph, feeds, tf32, device), repeat), peer,
+             "torch sdpa")
+
     for shape in SMOKE["matmul"] if smoke else MATMUL_SHAPES:
         matmul(*shape)
     for shape in SMOKE["conv"] if smoke else CONV_SHAPES:
@@ -216,6 +256,8 @@ def bench_templates(repeat: int, tf32: bool, device: str = "cuda", dtype: str = 
     for shape in SMOKE["rows"] if smoke else ROW_SHAPES:
         _guarded(f"softmax {shape}", lambda: softmax(*shape), failures)
         _guarded(f"layer norm {shape}", lambda: layer_norm(*shape), failures)
+    for shape in SMOKE["attention"] if smoke else ATTENTION_SHAPES:
+        _guarded(f"attention {shape}", lambda: attention(*shape), failures)
     return failures
 
 

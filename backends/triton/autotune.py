@@ -18,18 +18,17 @@ from typing import Any, Mapping
 from ...graph.errors import VerifyError
 from ...graph.graph import Graph
 from .executor import TritonExecutable
-from .launch import check, defaults
-
-MATMUL_KINDS = ("matmul", "conv")
+from .launch import DOT_KINDS, check, defaults
 
 
 def candidates(base: dict[str, Any], kind: str) -> list[dict[str, Any]]:
     """Configurations near `base`, nearest first: `base` itself, then those that change one
-    setting, then two, and so on. Blocks x1/2 and x2, warps 4/8, stages 2..4 (matmul, conv);
-    BLOCK x1/2..x4 and warps 2..8 for the others. Not yet checked against the kernel."""
-    if kind in MATMUL_KINDS:
+    setting, then two, and so on. Blocks x1/2 and x2, warps 4/8, stages 2..4 (matmul, conv,
+    attention: the blocks of its rows and columns, not its head dims); BLOCK x1/2..x4 and warps
+    2..8 for the others. Not yet checked against the kernel."""
+    if kind in DOT_KINDS:
         axes: dict[str, tuple[Any, ...]] = {k: (base[k] // 2, base[k], base[k] * 2)
-                                            for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K")}
+                                            for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K") if k in base}
         axes |= {"num_warps": (4, 8), "num_stages": (2, 3, 4)}
     else:
         axes = {"BLOCK": (max(1, base["BLOCK"] // 2), base["BLOCK"], base["BLOCK"] * 2, base["BLOCK"] * 4),

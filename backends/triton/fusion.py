@@ -29,6 +29,11 @@ or movement group read at the reader's own index, LLaMA's rotary Concat with the
 after it); the merged nodes keep their topological order, and the anchor is the first node of
 the group's kind.
 
+Last, a run of groups each read by the next alone (the next group's anchor reads the result
+of the one before, and nothing else does) becomes one group where a template runs the run as
+one kernel (`Rules.spans`): attention's scores matmul, softmax and product with V
+(attention.py), whose (sequence x sequence) scores then never reach memory.
+
 A group runs at the place of its last node in the topological order: every operand of every
 member is ready by then, and every result a group does not write is read inside it alone
 (checked).
@@ -46,6 +51,9 @@ HOST_DEVICE = "cpu"
 REGION_LIMIT = 64
 """The most nodes one region may hold: the search for a region's end stops there."""
 
+SPAN_LIMIT = 3
+"""The most groups one run may hold (`Rules.spans`; attention's three)."""
+
 
 @dataclass(frozen=True)
 class Rules:
@@ -54,13 +62,16 @@ class Rules:
     kernel may compute after its last one (none: it takes no epilogue); `takes_prologue`
     whether an anchor of a kind computes the chain that gives its operand; `merges` whether a
     group whose result a node of another group reads can run inside that group's kernel;
-    `ends` whether a node of another kind that alone reads a group's result ends the group."""
+    `ends` whether a node of another kind that alone reads a group's result ends the group;
+    `spans` the kind of a kernel that runs a run of groups of the given kinds, each read by the
+    next alone, whose nodes are given (None: none does)."""
 
     classify: Callable[[Graph, Node], str]
     epilogue_shapes: Callable[[Graph, "Group"], list[tuple[int, ...]]]
     takes_prologue: Callable[[Graph, str, Node], bool]
     merges: Callable[[Graph, "Group", "Group", Value, Node], bool]
     ends: Callable[[Graph, "Group", Node], bool]
+    spans: Callable[[Graph, list[str], list[Node]], "str | None"] = lambda graph, kinds, nodes: None
 
 
 @dataclass
@@ -200,8 +211,45 @@ def group_nodes(graph: Graph, rules: Rules, fuse: bool = True) -> list[Group]:
             groups.append(joined)
         joined.nodes.append(node)
         owner[node.name] = joined
+    if fuse:
+        _span(graph, groups, rules, owner, position)
     _check_groups(graph, groups)
     return sorted(groups, key=lambda g: position[g.nodes[-1].name])
+
+
+def _feeding(graph: Graph, group: Group, owner: dict[str, Group]) -> Group | None:
+    """The group whose result is `group`'s anchor's first operand and is read inside `group`
+    alone, or None."""
+    values = graph.inputs_of(group.anchor.name)
+    value = values[0] if values else None
+    before = owner.get(value.node) if value is not None else None
+    if before is None or before is group or before.nodes[-1].name != value.node:  # type: ignore[union-attr]
+        return None
+    alone = _readers(graph, value) <= set(group.names) and _first_result_only(graph, before.nodes[-1], value)  # type: ignore[arg-type]
+    return before if alone else None
+
+
+def _span(graph: Graph, groups: list[Group], rules: Rules, owner: dict[str, Group], position: dict[str, int]) -> None:
+    """Replace, in place, each run of up to SPAN_LIMIT groups (each the `_feeding` group of
+    the next) that one kernel runs (`rules.spans`) by one group of that kind: the longest run
+    ending at each group, in launch order. The run's first anchor stays the anchor."""
+    for last in list(groups):
+        if last not in groups:
+            continue
+        run = [last]
+        while len(run) < SPAN_LIMIT and (before := _feeding(graph, run[0], owner)) is not None:
+            run.insert(0, before)
+        for start in range(len(run) - 1):
+            nodes = sorted((n for g in run[start:] for n in g.nodes), key=lambda n: position[n.name])
+            kind = rules.spans(graph, [g.kind for g in run[start:]], nodes)
+            if kind is None:
+                continue
+            merged = Group(kind, nodes, nodes.index(run[start].anchor))
+            groups[groups.index(last)] = merged
+            for g in run[start:-1]:
+                groups.remove(g)
+            owner.update((n.name, merged) for n in nodes)
+            break
 
 
 def _check_groups(graph: Graph, groups: list[Group]) -> None:

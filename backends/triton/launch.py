@@ -21,7 +21,11 @@ from ...graph.errors import VerifyError, where
 from ...graph.graph import Graph, Node
 from ...layout.targets import GpuTarget, get_target
 from .fusion import Group, Rules, group_nodes
-from .templates import TEMPLATES, classify, ends, epilogue_shapes, merges, takes_prologue
+from .templates import TEMPLATES, classify, ends, epilogue_shapes, merges, spans, takes_prologue
+
+
+DOT_KINDS = ("matmul", "conv", "attention")
+"""Kernels whose every block is a side of a `tl.dot` operand (16 at least)."""
 
 
 def gpu_target(graph: Graph) -> GpuTarget:
@@ -59,8 +63,8 @@ def check(graph: Graph, group: Group, chosen: dict[str, Any]) -> None:
             raise VerifyError(f"{where(anchor)}: launch num_warps={value!r} is not a positive power of two")
         if key in ("num_stages", "GROUP_M") and not (isinstance(value, int) and value >= 1):
             raise VerifyError(f"{where(anchor)}: launch {key}={value!r} must be an integer >= 1")
-    if group.kind in ("matmul", "conv"):
-        for key in ("BLOCK_M", "BLOCK_N", "BLOCK_K"):
+    if group.kind in DOT_KINDS:
+        for key in sorted(k for k in chosen if k.startswith("BLOCK")):
             if chosen[key] < 16:
                 raise VerifyError(f"{where(anchor)}: launch {key}={chosen[key]} is below 16, the smallest tl.dot block")
         if chosen.get("input_precision", "ieee") not in ("ieee", "tf32", "tf32x3"):
@@ -77,7 +81,7 @@ def check(graph: Graph, group: Group, chosen: dict[str, Any]) -> None:
 
 
 def kernel_groups(graph: Graph, fuse: bool = True) -> list[Group]:
-    return group_nodes(graph, Rules(classify, epilogue_shapes, takes_prologue, merges, ends), fuse)
+    return group_nodes(graph, Rules(classify, epilogue_shapes, takes_prologue, merges, ends, spans), fuse)
 
 
 def verify_launch(graph: Graph, fuse: bool = True) -> None:

@@ -24,7 +24,7 @@ from ...graph.ops.tensor import RESHAPES
 from ...graph.types import Value
 from ...layout.encoding import pack
 from ...layout.targets import GpuTarget
-from . import conv, elementwise, layout_ops, matmul, reduce, scatter, split
+from . import attention, conv, elementwise, layout_ops, matmul, reduce, scatter, split
 from .codegen import Table
 from .indexing import next_pow2
 
@@ -59,6 +59,10 @@ class Template:
     prologue: Callable[[Graph, Node], bool] = lambda graph, anchor: False
     """Whether the kernel of this anchor computes the chain of elementwise nodes that gives its
     first operand, on its row in registers (the chain's kernel and its result's buffer go)."""
+    spans: Callable[[Graph, list[str], Nodes], bool] = lambda graph, kinds, nodes: False
+    """Whether one kernel of this template runs a run of groups of `kinds`, each read by the
+    next alone, whose nodes are `nodes` (attention: the scores' matmul, the softmax, the
+    product with V)."""
 
 
 def _numel(nodes: Nodes) -> int:
@@ -119,6 +123,11 @@ TEMPLATES: dict[str, Template] = {
         keys=frozenset({"BLOCK", "num_warps", "num_stages"}), check=reduce.check,
         results=reduce.results, epilogue=reduce.takes_epilogue, widens=reduce.widens,
         merges=reduce.merges, prologue=reduce.takes_prologue),
+    "attention": Template(
+        "attention", lambda graph, node: False, attention.kernel, attention.grid, attention.constexprs,
+        attention.defaults, keys=frozenset({"BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_E", "num_warps", "num_stages",
+                                            "input_precision"}),
+        tiles=attention.tiles, check=attention.check, spans=attention.spans),
     "split": _flat("split", split.supports, split.kernel, split.numel, results=split.results),
     "scatter": _flat("scatter", scatter.supports, scatter.kernel, scatter.numel, prefill=scatter.prefill),
 }
@@ -220,6 +229,12 @@ def merges(graph: Graph, inner: Any, outer: Any, value: Value, reader: Node) -> 
     template, other = TEMPLATES.get(outer.kind), TEMPLATES.get(inner.kind)
     return template is not None and other is not None and template.kernel is other.kernel and \
         template.merges(graph, inner.anchor, outer.anchor, value, reader)
+
+
+def spans(graph: Graph, kinds: list[str], nodes: Nodes) -> str | None:
+    """The kind of the template whose one kernel runs a run of groups of `kinds` (each read by
+    the next alone) with these `nodes`, or None."""
+    return next((kind for kind, template in TEMPLATES.items() if template.spans(graph, kinds, nodes)), None)
 
 
 def classify(graph: Graph, node: Node) -> str:

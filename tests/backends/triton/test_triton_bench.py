@@ -19,9 +19,18 @@ def test_template_benchmarks_run_under_the_interpreter(capsys, dtype):
     assert gpu.main(["--device", "interp", "--dtype", dtype]) == 0
     out = capsys.readouterr().out
     for row in ("packed 16x16 weight", "row-major (K, N) weight", "row-major transposed (N, K) weight",
-                "conv", "softmax", "layer norm"):
+                "conv", "softmax", "layer norm", "attention"):
         assert row in out
-    assert out.count("   ratio ") == 6
+    assert out.count("   ratio ") == 7
+
+
+def test_tf32_goes_on_each_kernel_with_a_product(capsys):
+    """--tf32 sets the products' precision on the anchors of the kernels that run them: the
+    attention's second MatMul, inside the first one's kernel, takes none (a configuration on
+    it would be refused)."""
+    assert gpu.main(["--device", "interp", "--tf32"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("   ratio ") == 7 and "FAILED" not in out
 
 
 def test_tuned_rows_say_what_autotuning_chose(capsys):

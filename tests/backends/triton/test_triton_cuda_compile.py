@@ -4,8 +4,9 @@ small models and of the dtype and op variants (bool and integer chains, the narr
 unsigned integers, float16, pools, gathers (GatherND too), resizes, splits into several
 results, pads in every mode, bool reductions, scans, the float64 helpers of libm.py,
 remainders, bits and products, OneHot, TopK of every dtype it takes and of a row read in
-pieces, scatters by store, by atomics and by compare-and-swap on 16- and 32-bit words, and a
-quantized conv stack's QuantizeLinear/DequantizeLinear in conv epilogues).
+pieces, scatters by store, by atomics and by compare-and-swap on 16- and 32-bit words, a
+quantized conv stack's QuantizeLinear/DequantizeLinear in conv epilogues, and flash attention
+in float16 and bfloat16).
 This catches what the interpreter accepts and the compiler does not."""
 from __future__ import annotations
 
@@ -220,10 +221,40 @@ def _long_topk(kit) -> Graph:
     return g
 
 
+def _half_attention(kit) -> Graph:
+    """Flash attention in float16 (a causal Where, torch's sdpa guard) and in bfloat16 (the ONNX
+    exporter's NaN guard, a residual epilogue), K^T in transposed tiles."""
+    g = Graph("half_attention")
+    for dtype, guard in ((np.float16, "masked"), ("bfloat16", "nan")):
+        import ml_dtypes
+
+        dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
+        name = np.dtype(dt).name
+        q = g.add_input(f"q_{name}", TensorType((2, 4, 40, 64), dt))
+        k = np.random.default_rng(5).standard_normal((2, 4, 64, 40)).astype(dt)
+        kt = kit.packed_const(g, k, PackedEncoding((3, 2), (16, 16), (0, 1, 3, 2)), f"kt_{name}")
+        v = g.add_input(f"v_{name}", TensorType((2, 4, 40, 64), dt))
+        s = kit.add(g, "MatMul", [q, kt])
+        minus_inf = g.add_constant(np.array(-np.inf, dt), name=f"minus_inf_{name}")
+        if guard == "masked":
+            s = kit.add(g, "Where", [g.add_constant(np.tril(np.ones((40, 40), bool)), name="causal"), s, minus_inf])
+        p = kit.add(g, "Softmax", [s], {"axis": -1})
+        zero = g.add_constant(np.array(0, dt), name=f"zero_{name}")
+        if guard == "masked":
+            seen = kit.add(g, "ReduceMax", [kit.add(g, "Not", [kit.add(g, "Equal", [s, minus_inf])]),
+                                            g.add_constant(np.array([-1]), name="last")], {"keepdims": 1})
+            p = kit.add(g, "Where", [kit.add(g, "Not", [seen]), zero, p])
+        else:
+            p = kit.add(g, "Where", [kit.add(g, "IsNaN", [p]), zero, p])
+        y = kit.add(g, "MatMul", [p, v])
+        g.add_output(kit.add(g, "Add", [y, q]) if guard == "nan" else y, f"y_{name}")
+    return g
+
+
 @pytest.mark.parametrize("capability", [90, 80])
 def test_generated_kernels_compile_for_the_gpu(kit, capability):
     pytest.importorskip("triton.backends.nvidia")
-    graphs = [_variants(kit), _bfloat16_scatters(kit), _small_integers(kit), _long_topk(kit)]
+    graphs = [_variants(kit), _bfloat16_scatters(kit), _small_integers(kit), _long_topk(kit), _half_attention(kit)]
     for model in (mlp_model(batch=5, sizes=(20, 33, 7)), mlp_model(batch=3, sizes=(18, 40, 6), gemm=True),
                   kit.small_cnn(), kit.tiny_transformer(), qdq_cnn_model(channels=24)):
         plain = tilefold.load(model)
@@ -239,3 +270,27 @@ def test_the_variants_graph_computes_what_the_numpy_backend_does(kit):
     got, want = kit.run_both(_variants(kit), feeds, "interp")
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=2e-3, atol=2e-3, err_msg=name)
+
+
+def test_the_half_attention_graph_is_two_attention_kernels_that_compute_attention(kit):
+    """Against float64 on the same rounded operands (the NumPy backend has no bfloat16 matmul)."""
+    import ml_dtypes
+
+    from tilefold.backends.triton import TritonExecutable
+    from tilefold.backends.triton.executor import kernel_plans
+
+    g = _half_attention(kit)
+    assert [plan.kind for plan in kernel_plans(g)] == ["attention", "attention"]
+    rng = np.random.default_rng(4)
+    feeds = {name: rng.standard_normal(t.shape).astype(t.dtype) for name, t in g.input_types().items()}
+    got = TritonExecutable(g, device="interp")(feeds)
+    for dt, causal in ((np.float16, True), (ml_dtypes.bfloat16, False)):
+        name = np.dtype(dt).name
+        q, v = (feeds[f"{x}_{name}"].astype(np.float64) for x in "qv")
+        kt = np.random.default_rng(5).standard_normal((2, 4, 64, 40)).astype(dt).astype(np.float64)
+        s = q @ kt
+        if causal:
+            s = np.where(np.tril(np.ones((40, 40), bool)), s, -np.inf)
+        p = np.exp(s - s.max(-1, keepdims=True))
+        want = (p / p.sum(-1, keepdims=True)) @ v + (0 if causal else q)
+        np.testing.assert_allclose(got[f"y_{name}"].astype(np.float64), want, rtol=3e-2, atol=3e-2, err_msg=name)

@@ -7,6 +7,7 @@ import pytest
 
 import tilefold
 from tilefold.backends.triton import TritonExecutable, kernel_sources
+from tilefold.backends.triton.executor import kernel_plans
 from tilefold.backends.triton.templates import classify
 from tilefold.bench.light import LIGHT_MODELS, light_path
 from tilefold.bench.models import UPSAMPLINGS, fusion_model, mlp_model, unet_model
@@ -39,13 +40,14 @@ def test_model_matches_onnxruntime(kit, device, name, optimized):
 
 def test_a_transformer_layer_computes_query_key_and_value_in_one_kernel(kit, device):
     """On the gpu target the three projections of one activation are one product, whose kernel
-    stores the three parts (merge_projections, then the matmul's Split); the layer still
-    matches onnxruntime."""
+    stores the three parts (merge_projections, then the matmul's Split), and the attention is
+    one kernel from Q K^T to P V; the layer still matches onnxruntime."""
     model, shape = _models(kit)["transformer"]
     g = tilefold.optimize(tilefold.load(model), "gpu").graph
     kernels = [[g.node(n).op for n in names] for names, _ in kernel_sources(g)]
     assert kernels.count(["MatMul", "Add", "Split"]) == 1
-    assert sum(ops[0] == "MatMul" for ops in kernels) == 6  # QKV, QK^T, PV, out, 2 FFN
+    assert kernels.count(["MatMul", "Mul", "Softmax", "MatMul"]) == 1
+    assert sum(ops[0] == "MatMul" for ops in kernels) == 5  # QKV, attention, out, 2 FFN
     x = np.random.default_rng(12).standard_normal(shape).astype(np.float32)
     name = model.graph.input[0].name
     kit.assert_close(TritonExecutable(g, device=device)({name: x}), kit.ort_outputs(model, {name: x}),
@@ -171,7 +173,8 @@ def test_text_models_from_torch_run_every_node_in_a_kernel(kit, name):
     """transformers' default `sdpa` attention picks its padding mask with a GatherND of the
     bool mask; RoBERTa counts its position ids with integer arithmetic and a CumSum; CLIP's
     text model pools at the ArgMax of its token ids. All of it runs in generated kernels, so
-    nothing crosses to the host, and the outputs match eager PyTorch."""
+    nothing crosses to the host, and the outputs match eager PyTorch. The attention, its mask
+    and the sdpa guard included (CLIP's causal too), is one kernel."""
     import torch
     import transformers
 
@@ -186,6 +189,7 @@ def test_text_models_from_torch_run_every_node_in_a_kernel(kit, name):
     mask[1, 11:] = 0
     graph = tilefold.optimize(tilefold.from_torch(model, (ids, mask)), "gpu").graph
     assert ops <= {n.op for n in graph.nodes()}
+    assert [plan.kind for plan in kernel_plans(graph)].count("attention") == 1
     exe = TritonExecutable(graph, device="interp")
     got = list(exe(dict(zip(graph.input_types(), (ids.numpy(), mask.numpy())))).values())
     with torch.no_grad():

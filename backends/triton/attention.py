@@ -1,0 +1,325 @@
+"""The attention template: softmax(Q K^T ...) V as one kernel (flash attention), so the
+scores and the probabilities, a (sequence x sequence) matrix per head, never reach memory.
+
+fusion.py hands it a run of three groups, each read by the next alone (`spans`): a matmul
+group of the scores (MatMul(Q, K^T) and its elementwise epilogue: a scale, a padding mask
+added, a causal Where), a row group of one Softmax over the scores' last dim, alone or with
+one of two guards that give 0 for a row the softmax leaves NaN (torch's sdpa decomposition's
+Where(all(x == -inf), 0, p), the ONNX exporter's Where(IsNaN(p), 0, p)), and a matmul group of
+the product with V (and its epilogue). Each program holds BLOCK_M rows of Q whole (the head dim in one BLOCK_D block) and
+walks the keys BLOCK_N at a time with the online softmax: it keeps each row's running maximum
+m and sum l of exp(s - m), rescales its accumulator of P V when m grows, and divides by l at
+the end. The running maximum is read as 0 while a row has seen nothing but -inf, so a row
+masked off entirely gives l = 0: 0 / 0 = NaN as ONNX's Softmax gives, or 0 under a guard
+(GUARDS: such a row is exactly one whose l is 0, since any finite score contributes
+exp(0) = 1 to l).
+
+Scores and statistics are float32; Q, K and V are read in their storage dtype through their
+encodings (tiled heads, a transposed K), and float16 or bfloat16 probabilities are narrowed
+to V's dtype for the second product, as flash attention does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ...graph.graph import Graph, Node
+from ...graph.types import Splat, TensorType, Value
+from ...layout.targets import GpuTarget
+from .codegen import jit_function
+from .elementwise import Loader, emit_chain, store_expr
+from .indexing import broadcast_index, is_float, next_pow2, offset, parameter, triton_dtype, unravel
+
+HEAD_LIMIT = 256
+"""The largest head dim (of Q and K, or of V) a program holds in one block."""
+
+GUARDS = {None: "{o}", "masked": "tl.where({l} == 0.0, 0.0, {o})",
+          "nan": "tl.where(({l} == 0.0) | ({l} != {l}), 0.0, {o})"}
+"""The result from the row sums l: a row of -inf alone has l = 0; a softmax row is NaN
+entirely or nowhere, and exactly where l is 0 or NaN (an infinity or a NaN among the
+scores)."""
+
+KINDS = ("matmul", "reduce", "matmul")
+"""The kinds of the groups an attention kernel replaces, in order."""
+
+
+@dataclass(frozen=True)
+class Parts:
+    """The roles of an attention group's nodes (in topological order within each role)."""
+
+    scores: Node
+    score_chain: list[Node]
+    softmax: Node
+    guard: str | None
+    """None, "masked" (a row of -inf alone gives 0) or "nan" (a row whose softmax is NaN
+    gives 0)."""
+    product: Node
+    epilogue: list[Node]
+
+
+def _constant(graph: Graph, value: Value | None) -> float | None:
+    """The one value of a constant operand (a splat, or any array of one value), else None."""
+    const = graph.constant_value(value) if value is not None else None
+    if isinstance(const, Splat):
+        return float(const.value)
+    if not isinstance(const, np.ndarray) or not const.size or const.dtype.kind in "biuSUO":
+        return None
+    values = const.astype(np.float64)  # float16 and bfloat16 too
+    return float(values.flat[0]) if (values == values.flat[0]).all() else None
+
+
+def _producer(graph: Graph, value: Value | None, inside: dict[str, Node], op: str) -> Node | None:
+    node = inside.get(value.node) if value is not None and value.slot == 0 else None
+    return node if node is not None and node.op == op else None
+
+
+def _all_minus_inf(graph: Graph, cond: Value | None, x: Value, inside: dict[str, Node]) -> list[Node] | None:
+    """The nodes of `cond` = all(x == -inf) over the last dim with that dim kept, as torch
+    decomposes it: Not(ReduceMax(Not(Equal(x, -inf)))) or ReduceMin(Equal(x, -inf)); else None."""
+    found: list[Node] = []
+    outer = _producer(graph, cond, inside, "Not")
+    reduce_op = "ReduceMax" if outer is not None else "ReduceMin"
+    if outer is not None:
+        found.append(outer)
+        cond = graph.inputs_of(outer.name)[0]
+    reduce = _producer(graph, cond, inside, reduce_op)
+    if reduce is None or not reduce.attrs.get("keepdims", 1) or reduce.attrs.get("noop_with_empty_axes", 0):
+        return None
+    values = graph.inputs_of(reduce.name)
+    axes = graph.constant_value(values[1]) if len(values) > 1 and values[1] is not None else None
+    rank = len(reduce.outputs[0].shape)
+    if axes is None or [int(a) % rank for a in np.asarray(axes).reshape(-1)] != [rank - 1]:
+        return None
+    found.append(reduce)
+    bools = values[0]
+    if reduce_op == "ReduceMax":
+        inner = _producer(graph, bools, inside, "Not")
+        if inner is None:
+            return None
+        found.append(inner)
+        bools = graph.inputs_of(inner.name)[0]
+    equal = _producer(graph, bools, inside, "Equal")
+    if equal is None:
+        return None
+    operands = graph.inputs_of(equal.name)
+    other = operands[1] if operands[0] == x else operands[0] if operands[1] == x else None
+    if other is None or _constant(graph, other) != -np.inf:
+        return None
+    return found + [equal]
+
+
+def _guard(graph: Graph, where: Node, softmax: Node, x: Value, inside: dict[str, Node]) -> tuple[str, list[Node]] | None:
+    """Which guard `where` = Where(cond, 0, softmax) is, and its condition's nodes: "masked"
+    for torch's all(x == -inf) over the row, "nan" for the ONNX exporter's IsNaN(softmax)."""
+    cond, fill, probs = graph.inputs_of(where.name)
+    if probs != Value(softmax.name) or _constant(graph, fill) != 0.0:
+        return None
+    isnan = _producer(graph, cond, inside, "IsNaN")
+    if isnan is not None:
+        return ("nan", [isnan]) if graph.inputs_of(isnan.name)[0] == Value(softmax.name) else None
+    found = _all_minus_inf(graph, cond, x, inside)
+    return None if found is None else ("masked", found)
+
+
+def parts(graph: Graph, nodes: list[Node]) -> Parts | None:
+    """The roles of `nodes` (a run of the three groups, in topological order), or None where
+    they do not form one attention: two MatMuls, the first's result reaching one Softmax
+    over its last dim through elementwise nodes alone, the Softmax (or a guard's Where
+    after it) the second's first operand, and nothing else but that one's epilogue."""
+    inside = {n.name: n for n in nodes}
+    products = [n for n in nodes if n.op == "MatMul"]
+    softmaxes = [n for n in nodes if n.op == "Softmax"]
+    if len(products) != 2 or len(softmaxes) != 1 or nodes[0] is not products[0]:
+        return None
+    scores, product, softmax = products[0], products[1], softmaxes[0]
+    x = graph.inputs_of(softmax.name)[0]
+    rank = len(softmax.outputs[0].shape)
+    if x is None or x.node not in inside or int(softmax.attrs.get("axis", -1)) % rank != rank - 1:
+        return None
+    at = {n.name: k for k, n in enumerate(nodes)}
+    first = graph.inputs_of(product.name)[0]
+    middle = {n.name for n in nodes[at[x.node] + 1:at[product.name]]}
+    guard: str | None = None
+    if first != Value(softmax.name):
+        where = inside.get(first.node) if first is not None and first.slot == 0 else None
+        found = _guard(graph, where, softmax, x, inside) if where is not None and where.op == "Where" else None
+        if found is None or middle != {softmax.name, where.name, *(n.name for n in found[1])}:  # type: ignore[union-attr]
+            return None
+        guard = found[0]
+    elif middle != {softmax.name}:
+        return None
+    epilogue = nodes[at[product.name] + 1:]
+    kept = {n.name for n in epilogue} | {product.name}  # the values the kernel has after its loop
+    reads = [*graph.inputs_of(scores.name), graph.inputs_of(product.name)[1],
+             *(v for n in epilogue for v in graph.inputs_of(n.name))]
+    if any(v is not None and v.node in inside and v.node not in kept for v in reads):
+        return None  # Q, K or V computed in the group, or the scores or probabilities read after it
+    return Parts(scores, nodes[1:at[x.node] + 1], softmax, guard, product, epilogue)
+
+
+def _matrix(t: TensorType) -> tuple[int, int]:
+    return int(t.shape[-2]), int(t.shape[-1])
+
+
+def _operands(graph: Graph, p: Parts) -> tuple[Value, Value, Value]:
+    q, k = graph.inputs_of(p.scores.name)[:2]
+    v = graph.inputs_of(p.product.name)[1]
+    return q, k, v  # type: ignore[return-value]
+
+
+def sizes(graph: Graph, nodes: list[Node]) -> dict[str, int]:
+    """The query rows m, the keys n, the head dims d (of Q and K) and e (of V)."""
+    p = parts(graph, nodes)
+    assert p is not None
+    m, n = _matrix(p.scores.outputs[0])
+    q = graph.type_of(_operands(graph, p)[0])
+    return {"m": m, "n": n, "d": int(q.shape[-1]), "e": int(p.product.outputs[0].shape[-1])}
+
+
+def spans(graph: Graph, kinds: list[str], nodes: list[Node]) -> bool:
+    """Whether one attention kernel runs `nodes` (in topological order: fusion's run of groups
+    of `kinds`, each read by the next alone): the roles above, static float operands of one
+    dtype, head dims up to HEAD_LIMIT, both products over the same batch dims, one device, and
+    a kernel that writes one result (no Split after the product)."""
+    p = parts(graph, nodes) if tuple(kinds) == KINDS and nodes[-1].op != "Split" else None
+    if p is None or len({n.device for n in nodes}) != 1:
+        return False
+    types = [graph.type_of(v) for v in _operands(graph, p)]
+    if not all(t.is_static and is_float(t) and t.rank >= 2 and t.dtype == types[0].dtype for t in types):
+        return False
+    if not all(n.outputs[0].is_static and is_float(n.outputs[0]) for n in (p.scores, p.softmax, p.product)):
+        return False
+    s = sizes(graph, nodes)
+    batch = tuple(p.scores.outputs[0].shape[:-2])
+    return s["d"] <= HEAD_LIMIT and s["e"] <= HEAD_LIMIT and tuple(p.product.outputs[0].shape[:-2]) == batch \
+        and _matrix(types[1]) == (s["d"], s["n"]) and _matrix(types[2])[0] == s["n"]
+
+
+def _batch(graph: Graph, nodes: list[Node]) -> tuple[list[int], list[str]]:
+    shape = [int(d) for d in nodes[0].outputs[0].shape[:-2]]
+    return shape, [f"b{d}" for d in range(len(shape))]
+
+
+def _index(t: TensorType, batch: list[str], batch_shape: list[int], rows: str, cols: str) -> list[str | None]:
+    lead = broadcast_index(TensorType(t.shape[:-2], t.dtype), batch, batch_shape) if t.rank > 2 else []
+    return lead + [rows, cols]
+
+
+def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Value]]:
+    """Source of the attention kernel of `nodes` and its operand values (Q, K^T, V, then what
+    the epilogues read)."""
+    p = parts(graph, nodes)
+    assert p is not None
+    s = sizes(graph, nodes)
+    m, n, d, e = s["m"], s["n"], s["d"], s["e"]
+    values = _operands(graph, p)
+    q_t, k_t, v_t = (graph.type_of(v) for v in values)
+    batch_shape, batch = _batch(graph, nodes)
+    params: list[Value] = []
+    q, k, v = (parameter(params, value) for value in values)
+    precision = ", input_precision=PRECISION" if q_t.dtype.name == "float32" else ""
+    narrow = "" if v_t.dtype.name == "float32" else f".to({triton_dtype(v_t.dtype)})"
+    lines = ["pid_m = tl.program_id(0)"]
+    if batch:
+        lines.append("batch = tl.program_id(1)")
+        lines += unravel("batch", batch_shape, batch)
+    lines += [
+        "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
+        "rd = tl.arange(0, BLOCK_D)",
+        "re = tl.arange(0, BLOCK_E)",
+        f"q = tl.load({q} + {offset(q_t, _index(q_t, batch, batch_shape, 'rm[:, None]', 'rd[None, :]'))}, "
+        f"mask=(rm[:, None] < {m}) & (rd[None, :] < {d}), other=0.0)  # {graph.value_name(values[0])}: {q_t}",
+        "m_i = tl.full((BLOCK_M,), -float('inf'), tl.float32)",
+        "l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)",
+        "acc = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)",
+        f"for n0 in range(0, {n}, BLOCK_N):",
+        "    rn = n0 + tl.arange(0, BLOCK_N)",
+        f"    kt = tl.load({k} + {offset(k_t, _index(k_t, batch, batch_shape, 'rd[:, None]', 'rn[None, :]'))}, "
+        f"mask=(rd[:, None] < {d}) & (rn[None, :] < {n}), other=0.0)  # {graph.value_name(values[1])}: {k_t}",
+        f"    s = tl.dot(q, kt{precision})",
+        f"    mask = (rm[:, None] < {m}) & (rn[None, :] < {n})",
+    ]
+    env: dict[Value, str] = {Value(p.scores.name): "s"}
+    score = Loader(graph, batch + ["rm[:, None]", "rn[None, :]"], [*batch_shape, m, n], "mask", params,
+                   blocks=["rm[:, None]", "rn[None, :]"], prefix="sx")
+    body, var = emit_chain(graph, p.score_chain, score, env)
+    lines += ["    " + line for line in body]
+    lines += [
+        f"    s = tl.where(rn[None, :] < {n}, {var or 's'}, -float('inf'))",
+        "    m_new = tl.maximum(m_i, tl.max(s, axis=1))",
+        "    m_safe = tl.where(m_new == -float('inf'), 0.0, m_new)",
+        "    alpha = tl.exp(m_i - m_safe)",
+        "    p = tl.exp(s - m_safe[:, None])",
+        "    l_i = l_i * alpha + tl.sum(p, axis=1)",
+        f"    vb = tl.load({v} + {offset(v_t, _index(v_t, batch, batch_shape, 'rn[:, None]', 're[None, :]'))}, "
+        f"mask=(rn[:, None] < {n}) & (re[None, :] < {e}), other=0.0)  # {graph.value_name(values[2])}: {v_t}",
+        f"    acc = acc * alpha[:, None] + tl.dot(p{narrow}, vb{precision})",
+        "    m_i = m_new",
+        f"o = {GUARDS[p.guard].format(o='acc / l_i[:, None]', l='l_i[:, None]')}",
+        f"mask = (rm[:, None] < {m}) & (re[None, :] < {e})",
+    ]
+    env[Value(p.product.name)] = "o"
+    result = Loader(graph, batch + ["rm[:, None]", "re[None, :]"], [*batch_shape, m, e], "mask", params,
+                    blocks=["rm[:, None]", "re[None, :]"], prefix="ox")
+    body, var = emit_chain(graph, p.epilogue, result, env)
+    lines += body
+    final = nodes[-1].outputs[0]
+    where = offset(final, batch + ["rm[:, None]", "re[None, :]"])
+    lines.append(f"tl.store(out0 + {where}, {store_expr(var or 'o', final)}, mask=mask)  # {final}")
+    source = jit_function(fn_name, len(params), lines,
+                          ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_E", "PRECISION"))
+    return source, params
+
+
+def grid(graph: Graph, nodes: list[Node], config: dict[str, Any]) -> tuple[int, ...]:
+    shape, _ = _batch(graph, nodes)
+    rows = -(-sizes(graph, nodes)["m"] // config["BLOCK_M"])
+    return (rows, int(np.prod(shape, dtype=np.int64))) if shape else (rows,)
+
+
+def constexprs(config: dict[str, Any]) -> dict[str, Any]:
+    return {key: config[key] for key in ("BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_E")} | \
+        {"PRECISION": config.get("input_precision", "ieee")}
+
+
+FIRST_BLOCK = 64
+"""BLOCK_M and BLOCK_N before they shrink to the sequence, or (BLOCK_M) to fill the GPU."""
+
+
+def defaults(graph: Graph, nodes: list[Node], target: GpuTarget) -> dict[str, Any]:
+    """Query and key blocks of up to 64 rows (BLOCK_M halved towards the tile while the grid
+    has fewer programs than the target wants), head dims whole; 4 warps."""
+    s = sizes(graph, nodes)
+    shape, _ = _batch(graph, nodes)
+    heads = int(np.prod(shape, dtype=np.int64))
+    bm = min(FIRST_BLOCK, max(target.block, next_pow2(s["m"])))
+    while heads * -(-s["m"] // bm) < target.programs and bm > target.block:
+        bm //= 2
+    return {"BLOCK_M": bm, "BLOCK_N": min(FIRST_BLOCK, max(target.block, next_pow2(s["n"]))),
+            "BLOCK_D": max(target.block, next_pow2(s["d"])), "BLOCK_E": max(target.block, next_pow2(s["e"])),
+            "num_warps": 4, "num_stages": 2, "input_precision": "ieee"}
+
+
+def tiles(graph: Graph, nodes: list[Node]) -> list[tuple[str, TensorType, int, str]]:
+    """(what, type, dim, block key) for the matrix dims the kernel reads and writes."""
+    p = parts(graph, nodes)
+    assert p is not None
+    found = []
+    for what, value, keys in zip(("Q", "K^T", "V"), _operands(graph, p),
+                                 (("BLOCK_M", "BLOCK_D"), ("BLOCK_D", "BLOCK_N"), ("BLOCK_N", "BLOCK_E"))):
+        t = graph.type_of(value)
+        found += [(f"{what} ({graph.value_name(value)})", t, t.rank - 2 + j, key) for j, key in enumerate(keys)]
+    out = nodes[-1].outputs[0]
+    what = f"result ({nodes[-1].name})"
+    return found + [(what, out, out.rank - 2, "BLOCK_M"), (what, out, out.rank - 1, "BLOCK_E")]
+
+
+def check(graph: Graph, nodes: list[Node], config: dict[str, Any]) -> str | None:
+    """A head dim longer than its block: a program holds whole rows of Q and of V."""
+    s = sizes(graph, nodes)
+    for key, dim, what in (("BLOCK_D", "d", "Q and K"), ("BLOCK_E", "e", "V")):
+        if config[key] < s[dim]:
+            return f"{key}={config[key]} is shorter than the head dim of {what} ({s[dim]}; one block holds it)"
+    return None
