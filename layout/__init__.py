@@ -35,10 +35,10 @@ def optimize(graph: Graph, target: str = "cpu", *, verify: bool = False) -> Layo
     this target (`graph.meta["target"]`, kept by the ONNX writer) comes back as it is (a copy), as both
     `before` and `after`, with an empty log; one optimized for another target is stripped to
     its plain equivalent (`strip.strip_layouts`) and planned again. A target that asks for it
-    (`Target.merges_projections`: gpu) has Linear layers of one activation merged first.
+    (`Target.kernel_passes`: gpu) has its graph passes run first (Linear layers of one
+    activation merged, rotate_half gathered).
     """
     from ..graph.passes.dce import dce
-    from ..graph.passes.merge_projections import merge_projections
     from ..graph.passes.pipeline import run_passes
     from .materialize import materialize
     from .propagate import fold_constant_layouts, propagate
@@ -54,8 +54,8 @@ def optimize(graph: Graph, target: str = "cpu", *, verify: bool = False) -> Layo
     if graph.meta.get("target"):
         graph = strip_layouts(graph)
     graph = graph.copy()
-    if chosen.merges_projections:
-        graph = run_passes(graph, [merge_projections, dce], verify=verify, log=log)
+    if chosen.kernel_passes:
+        graph = run_passes(graph, [*chosen.kernel_passes, dce], verify=verify, log=log)
     before = materialize(graph, chosen, verify=verify, log=log)
     wrapped = GraphLayout.of(before).bytes()
     # propagation is greedy: an Unpack it pushed into a fork or through a growing op that

@@ -15,6 +15,9 @@ from typing import Sequence
 
 from ..graph.errors import TilefoldError
 from ..graph.graph import Node
+from ..graph.passes.merge_projections import merge_projections
+from ..graph.passes.pipeline import Pass
+from ..graph.passes.rotations import gather_rotations
 from ..graph.types import TensorType
 from .encoding import PackedEncoding, canonical
 
@@ -60,9 +63,9 @@ class Target:
 
     name = "base"
     anchors: frozenset[str] = frozenset({"MatMul", "Gemm", "Conv"})
-    merges_projections = False
-    """Merge Linear layers that read one activation into one and a Split before choosing
-    layouts (graph/passes/merge_projections.py): fewer, larger products."""
+    kernel_passes: tuple[Pass, ...] = ()
+    """Graph passes run before layouts are chosen, for a backend whose kernels fuse: fewer,
+    larger ops (the gpu target's merge_projections and gather_rotations)."""
 
     def __init__(self, name: str | None = None) -> None:
         if name is not None:
@@ -152,9 +155,10 @@ class GpuTarget(Target):
 
     name = "gpu"
     block = 16
-    merges_projections = True
+    kernel_passes = (merge_projections, gather_rotations)
     """BERT's query, key and value as one product whose kernel stores the three parts: one
-    launch, three times the programs (the Triton matmul's Split epilogue)."""
+    launch, three times the programs (the Triton matmul's Split epilogue); rotary's
+    rotate_half as one Gather, which the fusion puts in the rotary product's kernel."""
     programs = 132
     """The programs a matmul or conv grid should reach, its blocks shrinking towards `block`
     until it does: an H100's or H200's multiprocessors. At 128 x 128 blocks a BERT-base's

@@ -1,5 +1,5 @@
 """merge_projections: Linear layers that read one activation become one Linear layer and a
-Split of its features (a target asks for it: `Target.merges_projections`).
+Split of its features (a target asks for it: `Target.kernel_passes`).
 
 BERT's query, key and value are three MatMuls (each with its bias Add) of one normalized
 activation. On the gpu target each is a kernel whose 128 x 768 result fills few of the GPU's
