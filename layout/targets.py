@@ -15,6 +15,7 @@ from typing import Sequence
 
 from ..graph.errors import TilefoldError
 from ..graph.graph import Node
+from ..graph.passes.hoist_scales import hoist_scales
 from ..graph.passes.merge_projections import merge_projections
 from ..graph.passes.pipeline import Pass
 from ..graph.passes.rotations import gather_rotations
@@ -65,7 +66,7 @@ class Target:
     anchors: frozenset[str] = frozenset({"MatMul", "Gemm", "Conv"})
     kernel_passes: tuple[Pass, ...] = ()
     """Graph passes run before layouts are chosen, for a backend whose kernels fuse: fewer,
-    larger ops (the gpu target's merge_projections and gather_rotations)."""
+    larger ops (the gpu target's merge_projections, gather_rotations and hoist_scales)."""
 
     def __init__(self, name: str | None = None) -> None:
         if name is not None:
@@ -155,10 +156,11 @@ class GpuTarget(Target):
 
     name = "gpu"
     block = 16
-    kernel_passes = (merge_projections, gather_rotations)
+    kernel_passes = (merge_projections, gather_rotations, hoist_scales)
     """BERT's query, key and value as one product whose kernel stores the three parts: one
     launch, three times the programs (the Triton matmul's Split epilogue); rotary's
-    rotate_half as one Gather, which the fusion puts in the rotary product's kernel."""
+    rotate_half as one Gather, and the keys' scale before GQA's Expand, both of which the
+    fusion then puts in the rotary product's kernel."""
     programs = 132
     """The programs a matmul or conv grid should reach, its blocks shrinking towards `block`
     until it does: an H100's or H200's multiprocessors. At 128 x 128 blocks a BERT-base's

@@ -38,7 +38,7 @@ class _Scaled:
     columns: slice | None = None
 
 
-def _scalar(graph: Graph, value: Value | None) -> float | None:
+def scalar(graph: Graph, value: Value | None) -> float | None:
     """The value a one-element float constant holds, else None."""
     const = graph.constant_value(value)
     if const is None or graph.type_of(value).dtype.kind != "f":  # type: ignore[arg-type]
@@ -148,7 +148,7 @@ def _fold_scales(graph: Graph) -> PassResult:
             continue
         a, b = graph.inputs_of(mul.name)[:2]
         for operand, other in ((a, b), (b, a)):
-            factor = _scalar(graph, other)
+            factor = scalar(graph, other)
             if factor is None or operand is None or graph.type_of(operand) != mul.outputs[0]:
                 continue
             target = _scaled(graph, operand)
