@@ -14,6 +14,11 @@ masked off entirely gives l = 0: 0 / 0 = NaN as ONNX's Softmax gives, or 0 under
 (GUARDS: such a row is exactly one whose l is 0, since any finite score contributes
 exp(0) = 1 to l).
 
+Grouped query attention repeats each key and value head for several query heads (an Expand
+between views: transformers' repeat_kv). The kernel reads K^T and V through those views and
+the Expand (`read_through`: the query head's batch index mapped back to its key head's), so the
+repeated tensors are never written and the Expands' kernels go (`absorbs`).
+
 Scores and statistics are float32; Q, K and V are read in their storage dtype through their
 encodings (tiled heads, a transposed K), and float16 or bfloat16 probabilities are narrowed
 to V's dtype for the second product, as flash attention does.
@@ -21,11 +26,12 @@ to V's dtype for the second product, as flash attention does.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from ...graph.graph import Graph, Node
+from ...graph.ops.tensor import RESHAPES, transpose_perm
 from ...graph.types import Splat, TensorType, Value
 from ...layout.targets import GpuTarget
 from .codegen import jit_function
@@ -44,6 +50,8 @@ scores)."""
 KINDS = ("matmul", "reduce", "matmul")
 """The kinds of the groups an attention kernel replaces, in order."""
 
+MOVES = frozenset({*RESHAPES, "Transpose", "Expand"})
+
 
 @dataclass(frozen=True)
 class Parts:
@@ -57,6 +65,8 @@ class Parts:
     gives 0)."""
     product: Node
     epilogue: list[Node]
+    through: tuple[list[Node], list[Node]] = ([], [])
+    """The views and Expand the kernel reads K^T, and V, through (`read_through`)."""
 
 
 def _constant(graph: Graph, value: Value | None) -> float | None:
@@ -110,6 +120,64 @@ def _all_minus_inf(graph: Graph, cond: Value | None, x: Value, inside: dict[str,
     return found + [equal]
 
 
+def _keeps_matrix(graph: Graph, node: Node) -> bool:
+    """A Transpose, reshape or Expand that leaves an operand's matrix (its last two dims) whole
+    and last: a Transpose within them or within the batch dims, a reshape or Expand of the
+    batch dims alone."""
+    t, out = graph.type_of(graph.inputs_of(node.name)[0]), node.outputs[0]  # type: ignore[arg-type]
+    if t.rank < 2 or out.rank < 2:
+        return False
+    if node.op == "Transpose":
+        return sorted(transpose_perm(node.attrs, out.rank)[-2:]) == [out.rank - 2, out.rank - 1]
+    return tuple(t.shape[-2:]) == tuple(out.shape[-2:])
+
+
+def read_through(graph: Graph, value: Value | None, inside: Callable[[Node], bool]) -> list[Node]:
+    """The views (Transposes, reshapes) and the one Expand, each read by the next alone, from
+    operand `value` back to the Expand, where `inside` takes them all and each keeps the matrix
+    dims (GQA's keys and values, repeated for every query head: Expand, Reshape, Transpose):
+    the kernel reads the Expand's operand at the index they map its own to, and the repeated
+    tensor is never written. [] where there is no such Expand."""
+    path: list[Node] = []
+    while value is not None and value.slot == 0 and len(graph.users(value)) == 1:
+        node = graph.node(value.node)
+        if node.op not in MOVES or not inside(node) or not _keeps_matrix(graph, node):
+            return []
+        path.append(node)
+        if node.op == "Expand":
+            return path
+        value = graph.inputs_of(node.name)[0]
+    return []
+
+
+def _source(graph: Graph, value: Value, path: list[Node]) -> Value:
+    return graph.inputs_of(path[-1].name)[0] if path else value  # type: ignore[return-value]
+
+
+def _mapped(graph: Graph, path: list[Node], index: list[str | None], prefix: str
+            ) -> tuple[list[str | None], list[str]]:
+    """`index` of the operand mapped back through `path` to the Expand's operand, and the lines
+    that compute the batch indices a reshape regroups (named `prefix` and numbers)."""
+    lines: list[str] = []
+    for k, node in enumerate(path):
+        t, out = graph.type_of(graph.inputs_of(node.name)[0]), node.outputs[0]  # type: ignore[arg-type]
+        if node.op == "Transpose":
+            moved: list[str | None] = [None] * t.rank
+            for j, dim in enumerate(transpose_perm(node.attrs, out.rank)):
+                moved[dim] = index[j]
+            index = moved
+        elif node.op == "Expand":
+            index = broadcast_index(t, index, [int(d) for d in out.shape])  # type: ignore[arg-type]
+        else:
+            batch = [int(d) for d in out.shape[:-2]]
+            strides = [int(np.prod(batch[d + 1:], dtype=np.int64)) for d in range(len(batch))]
+            flat = " + ".join(f"{i} * {stride}" for i, stride in zip(index, strides) if i is not None) or "0"
+            names = [f"{prefix}{k}_{d}" for d in range(t.rank - 2)]
+            lines += [f"{prefix}{k} = {flat}", *unravel(f"{prefix}{k}", [int(d) for d in t.shape[:-2]], names)]
+            index = [*names, *index[-2:]]
+    return index, lines
+
+
 def _guard(graph: Graph, where: Node, softmax: Node, x: Value, inside: dict[str, Node]) -> tuple[str, list[Node]] | None:
     """Which guard `where` = Where(cond, 0, softmax) is, and its condition's nodes: "masked"
     for torch's all(x == -inf) over the row, "nan" for the ONNX exporter's IsNaN(softmax)."""
@@ -124,12 +192,17 @@ def _guard(graph: Graph, where: Node, softmax: Node, x: Value, inside: dict[str,
 
 
 def parts(graph: Graph, nodes: list[Node]) -> Parts | None:
-    """The roles of `nodes` (a run of the three groups, in topological order), or None where
-    they do not form one attention: two MatMuls, the first's result reaching one Softmax
-    over its last dim through elementwise nodes alone, the Softmax (or a guard's Where
-    after it) the second's first operand, and nothing else but that one's epilogue."""
-    inside = {n.name: n for n in nodes}
+    """The roles of `nodes` (a run of the three groups, in topological order, and the nodes it
+    reads K^T and V through), or None where they do not form one attention: two MatMuls, the
+    first's result reaching one Softmax over its last dim through elementwise nodes alone, the
+    Softmax (or a guard's Where after it) the second's first operand, and nothing else but
+    that one's epilogue."""
     products = [n for n in nodes if n.op == "MatMul"]
+    names = {n.name for n in nodes}
+    paths = tuple(read_through(graph, graph.inputs_of(n.name)[1], lambda n: n.name in names) for n in products)
+    through = {n.name for path in paths for n in path}
+    nodes = [n for n in nodes if n.name not in through]
+    inside = {n.name: n for n in nodes}
     softmaxes = [n for n in nodes if n.op == "Softmax"]
     if len(products) != 2 or len(softmaxes) != 1 or nodes[0] is not products[0]:
         return None
@@ -156,7 +229,7 @@ def parts(graph: Graph, nodes: list[Node]) -> Parts | None:
              *(v for n in epilogue for v in graph.inputs_of(n.name))]
     if any(v is not None and v.node in inside and v.node not in kept for v in reads):
         return None  # Q, K or V computed in the group, or the scores or probabilities read after it
-    return Parts(scores, nodes[1:at[x.node] + 1], softmax, guard, product, epilogue)
+    return Parts(scores, nodes[1:at[x.node] + 1], softmax, guard, product, epilogue, paths)  # type: ignore[arg-type]
 
 
 def _matrix(t: TensorType) -> tuple[int, int]:
@@ -198,13 +271,30 @@ def spans(graph: Graph, kinds: list[str], nodes: list[Node]) -> bool:
 
 
 def _batch(graph: Graph, nodes: list[Node]) -> tuple[list[int], list[str]]:
-    shape = [int(d) for d in nodes[0].outputs[0].shape[:-2]]
+    """The batch dims of the scores (the grid's second axis) and their index names."""
+    p = parts(graph, nodes)
+    assert p is not None
+    shape = [int(d) for d in p.scores.outputs[0].shape[:-2]]
     return shape, [f"b{d}" for d in range(len(shape))]
 
 
 def _index(t: TensorType, batch: list[str], batch_shape: list[int], rows: str, cols: str) -> list[str | None]:
     lead = broadcast_index(TensorType(t.shape[:-2], t.dtype), batch, batch_shape) if t.rank > 2 else []
     return lead + [rows, cols]
+
+
+def _read(graph: Graph, value: Value, path: list[Node], index: list[str | None], prefix: str
+          ) -> tuple[Value, list[str | None], list[str]]:
+    """Where the kernel loads operand `value`: the value, the index and the lines computing it
+    (the Expand's operand and the mapped index where `path` leads to one)."""
+    mapped, lines = _mapped(graph, path, index, prefix)
+    return _source(graph, value, path), mapped, lines
+
+
+def _named(graph: Graph, value: Value, source: Value) -> str:
+    """A load's comment: the operand and its type, and what it is read through."""
+    note = f"{graph.value_name(value)}: {graph.type_of(value)}"
+    return note if source == value else f"{note}, read from {graph.value_name(source)}: {graph.type_of(source)}"
 
 
 def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Value]]:
@@ -217,15 +307,19 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
     values = _operands(graph, p)
     q_t, k_t, v_t = (graph.type_of(v) for v in values)
     batch_shape, batch = _batch(graph, nodes)
+    (k_src, k_index, k_lines), (v_src, v_index, v_lines) = (
+        _read(graph, value, path, _index(graph.type_of(value), batch, batch_shape, *matrix), prefix)
+        for value, path, matrix, prefix in ((values[1], p.through[0], ("rd[:, None]", "rn[None, :]"), "kh"),
+                                            (values[2], p.through[1], ("rn[:, None]", "re[None, :]"), "vh")))
     params: list[Value] = []
-    q, k, v = (parameter(params, value) for value in values)
+    q, k, v = (parameter(params, value) for value in (values[0], k_src, v_src))
     precision = ", input_precision=PRECISION" if q_t.dtype.name == "float32" else ""
     narrow = "" if v_t.dtype.name == "float32" else f".to({triton_dtype(v_t.dtype)})"
     lines = ["pid_m = tl.program_id(0)"]
     if batch:
         lines.append("batch = tl.program_id(1)")
         lines += unravel("batch", batch_shape, batch)
-    lines += [
+    lines += k_lines + v_lines + [
         "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
         "rd = tl.arange(0, BLOCK_D)",
         "re = tl.arange(0, BLOCK_E)",
@@ -236,8 +330,8 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
         "acc = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)",
         f"for n0 in range(0, {n}, BLOCK_N):",
         "    rn = n0 + tl.arange(0, BLOCK_N)",
-        f"    kt = tl.load({k} + {offset(k_t, _index(k_t, batch, batch_shape, 'rd[:, None]', 'rn[None, :]'))}, "
-        f"mask=(rd[:, None] < {d}) & (rn[None, :] < {n}), other=0.0)  # {graph.value_name(values[1])}: {k_t}",
+        f"    kt = tl.load({k} + {offset(graph.type_of(k_src), k_index)}, "
+        f"mask=(rd[:, None] < {d}) & (rn[None, :] < {n}), other=0.0)  # {_named(graph, values[1], k_src)}",
         f"    s = tl.dot(q, kt{precision})",
         f"    mask = (rm[:, None] < {m}) & (rn[None, :] < {n})",
     ]
@@ -253,8 +347,8 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
         "    alpha = tl.exp(m_i - m_safe)",
         "    p = tl.exp(s - m_safe[:, None])",
         "    l_i = l_i * alpha + tl.sum(p, axis=1)",
-        f"    vb = tl.load({v} + {offset(v_t, _index(v_t, batch, batch_shape, 'rn[:, None]', 're[None, :]'))}, "
-        f"mask=(rn[:, None] < {n}) & (re[None, :] < {e}), other=0.0)  # {graph.value_name(values[2])}: {v_t}",
+        f"    vb = tl.load({v} + {offset(graph.type_of(v_src), v_index)}, "
+        f"mask=(rn[:, None] < {n}) & (re[None, :] < {e}), other=0.0)  # {_named(graph, values[2], v_src)}",
         f"    acc = acc * alpha[:, None] + tl.dot(p{narrow}, vb{precision})",
         "    m_i = m_new",
         f"o = {GUARDS[p.guard].format(o='acc / l_i[:, None]', l='l_i[:, None]')}",
@@ -307,10 +401,13 @@ def tiles(graph: Graph, nodes: list[Node]) -> list[tuple[str, TensorType, int, s
     p = parts(graph, nodes)
     assert p is not None
     found = []
-    for what, value, keys in zip(("Q", "K^T", "V"), _operands(graph, p),
-                                 (("BLOCK_M", "BLOCK_D"), ("BLOCK_D", "BLOCK_N"), ("BLOCK_N", "BLOCK_E"))):
+    for what, value, path, keys in zip(("Q", "K^T", "V"), _operands(graph, p), ([], *p.through),
+                                       (("BLOCK_M", "BLOCK_D"), ("BLOCK_D", "BLOCK_N"), ("BLOCK_N", "BLOCK_E"))):
         t = graph.type_of(value)
-        found += [(f"{what} ({graph.value_name(value)})", t, t.rank - 2 + j, key) for j, key in enumerate(keys)]
+        index, _ = _mapped(graph, path, [*(f"b{d}" for d in range(t.rank - 2)), *keys], "x")
+        source = _source(graph, value, path)
+        found += [(f"{what} ({graph.value_name(source)})", graph.type_of(source), index.index(key), key)
+                  for key in keys]
     out = nodes[-1].outputs[0]
     what = f"result ({nodes[-1].name})"
     return found + [(what, out, out.rank - 2, "BLOCK_M"), (what, out, out.rank - 1, "BLOCK_E")]
@@ -323,3 +420,13 @@ def check(graph: Graph, nodes: list[Node], config: dict[str, Any]) -> str | None
         if config[key] < s[dim]:
             return f"{key}={config[key]} is shorter than the head dim of {what} ({s[dim]}; one block holds it)"
     return None
+
+
+def absorbs(graph: Graph, nodes: list[Node], kind_of: Callable[[Node], str]) -> list[Node]:
+    """The nodes outside the group the kernel reads K^T and V through (`read_through`): views
+    (no kernel) and an Expand that runs as a movement kernel of its own, which goes."""
+    p = parts(graph, nodes)
+    if p is None:
+        return []
+    taken = lambda n: kind_of(n) == "view" or (n.op == "Expand" and kind_of(n) == "movement")  # noqa: E731
+    return [n for value in _operands(graph, p)[1:] for n in read_through(graph, value, taken)]

@@ -105,9 +105,11 @@ class Step:
 
 
 def kernel_name(group: Group) -> str:
-    """`k_` and the group's first ops (`k_MatMul_Add_Gelu`): named by what it computes, not by
-    its nodes, so that identical kernels of different nodes are one source (codegen.build)."""
-    names = "_".join(n.op for n in group.nodes[:3]) + ("_etc" if len(group.nodes) > 3 else "")
+    """`k_` and the group's first ops from its anchor on (`k_MatMul_Add_Gelu`): named by what it
+    computes, not by its nodes, so that identical kernels of different nodes are one source
+    (codegen.build)."""
+    ops = [n.op for n in group.nodes[group.head:]]
+    names = "_".join(ops[:3]) + ("_etc" if len(ops) > 3 else "")
     clean = "".join(ch if ch.isalnum() else "_" for ch in names)
     return f"k_{clean}"[:60]
 

@@ -32,7 +32,9 @@ the group's kind.
 Last, a run of groups each read by the next alone (the next group's anchor reads the result
 of the one before, and nothing else does) becomes one group where a template runs the run as
 one kernel (`Rules.spans`): attention's scores matmul, softmax and product with V
-(attention.py), whose (sequence x sequence) scores then never reach memory.
+(attention.py), whose (sequence x sequence) scores then never reach memory. The new group
+also takes the groups of the nodes its kernel computes as it reads its operands, where they
+hold nothing else (`Rules.absorbs`: GQA's Expand of the keys and values, and the views between).
 
 A group runs at the place of its last node in the topological order: every operand of every
 member is ready by then, and every result a group does not write is read inside it alone
@@ -64,7 +66,8 @@ class Rules:
     group whose result a node of another group reads can run inside that group's kernel;
     `ends` whether a node of another kind that alone reads a group's result ends the group;
     `spans` the kind of a kernel that runs a run of groups of the given kinds, each read by the
-    next alone, whose nodes are given (None: none does)."""
+    next alone, whose nodes are given (None: none does); `absorbs` the nodes outside a group
+    that its kernel computes as it reads its operands (their groups then join it)."""
 
     classify: Callable[[Graph, Node], str]
     epilogue_shapes: Callable[[Graph, "Group"], list[tuple[int, ...]]]
@@ -72,6 +75,7 @@ class Rules:
     merges: Callable[[Graph, "Group", "Group", Value, Node], bool]
     ends: Callable[[Graph, "Group", Node], bool]
     spans: Callable[[Graph, list[str], list[Node]], "str | None"] = lambda graph, kinds, nodes: None
+    absorbs: Callable[[Graph, "Group", Callable[[Node], str]], list[Node]] = lambda graph, group, kind_of: []
 
 
 @dataclass
@@ -212,7 +216,7 @@ def group_nodes(graph: Graph, rules: Rules, fuse: bool = True) -> list[Group]:
         joined.nodes.append(node)
         owner[node.name] = joined
     if fuse:
-        _span(graph, groups, rules, owner, position)
+        _span(graph, groups, rules, owner, position, kinds)
     _check_groups(graph, groups)
     return sorted(groups, key=lambda g: position[g.nodes[-1].name])
 
@@ -229,10 +233,13 @@ def _feeding(graph: Graph, group: Group, owner: dict[str, Group]) -> Group | Non
     return before if alone else None
 
 
-def _span(graph: Graph, groups: list[Group], rules: Rules, owner: dict[str, Group], position: dict[str, int]) -> None:
+def _span(graph: Graph, groups: list[Group], rules: Rules, owner: dict[str, Group], position: dict[str, int],
+          kinds: dict[str, str]) -> None:
     """Replace, in place, each run of up to SPAN_LIMIT groups (each the `_feeding` group of
     the next) that one kernel runs (`rules.spans`) by one group of that kind: the longest run
-    ending at each group, in launch order. The run's first anchor stays the anchor."""
+    ending at each group, in launch order, with the groups of the nodes it absorbs
+    (`rules.absorbs`) where those groups hold nothing else. The run's first anchor stays the
+    anchor."""
     for last in list(groups):
         if last not in groups:
             continue
@@ -249,7 +256,23 @@ def _span(graph: Graph, groups: list[Group], rules: Rules, owner: dict[str, Grou
             for g in run[start:-1]:
                 groups.remove(g)
             owner.update((n.name, merged) for n in nodes)
+            _absorb(graph, merged, rules.absorbs(graph, merged, lambda n: kinds[n.name]), groups, owner, position)
             break
+
+
+def _absorb(graph: Graph, group: Group, taken: list[Node], groups: list[Group], owner: dict[str, Group],
+            position: dict[str, int]) -> None:
+    """`taken`'s groups join `group` (its anchor kept), where they hold nothing but `taken`."""
+    names = {n.name for n in taken}
+    joining = {id(owner[name]): owner[name] for name in names}.values()
+    if not taken or any(not set(g.names) <= names for g in joining):
+        return
+    anchor = group.anchor
+    for g in joining:
+        groups.remove(g)
+    group.nodes = sorted(group.nodes + taken, key=lambda n: position[n.name])
+    group.head = group.nodes.index(anchor)
+    owner.update((name, group) for name in names)
 
 
 def _check_groups(graph: Graph, groups: list[Group]) -> None:

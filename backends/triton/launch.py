@@ -21,7 +21,7 @@ from ...graph.errors import VerifyError, where
 from ...graph.graph import Graph, Node
 from ...layout.targets import GpuTarget, get_target
 from .fusion import Group, Rules, group_nodes
-from .templates import TEMPLATES, classify, ends, epilogue_shapes, merges, spans, takes_prologue
+from .templates import TEMPLATES, absorbs, classify, ends, epilogue_shapes, merges, spans, takes_prologue
 
 
 DOT_KINDS = ("matmul", "conv", "attention")
@@ -81,7 +81,7 @@ def check(graph: Graph, group: Group, chosen: dict[str, Any]) -> None:
 
 
 def kernel_groups(graph: Graph, fuse: bool = True) -> list[Group]:
-    return group_nodes(graph, Rules(classify, epilogue_shapes, takes_prologue, merges, ends, spans), fuse)
+    return group_nodes(graph, Rules(classify, epilogue_shapes, takes_prologue, merges, ends, spans, absorbs), fuse)
 
 
 def verify_launch(graph: Graph, fuse: bool = True) -> None:

@@ -59,6 +59,10 @@ class Template:
     prologue: Callable[[Graph, Node], bool] = lambda graph, anchor: False
     """Whether the kernel of this anchor computes the chain of elementwise nodes that gives its
     first operand, on its row in registers (the chain's kernel and its result's buffer go)."""
+    absorbs: Callable[[Graph, Nodes, Callable[[Node], str]], Nodes] = lambda graph, nodes, kind_of: []
+    """The nodes outside a group of these `nodes` (of kinds `kind_of` says) that its kernel
+    computes itself as it reads its operands (attention: GQA's Expand of K and V, and the views
+    between), so that their kernels go."""
     spans: Callable[[Graph, list[str], Nodes], bool] = lambda graph, kinds, nodes: False
     """Whether one kernel of this template runs a run of groups of `kinds`, each read by the
     next alone, whose nodes are `nodes` (attention: the scores' matmul, the softmax, the
@@ -127,7 +131,7 @@ TEMPLATES: dict[str, Template] = {
         "attention", lambda graph, node: False, attention.kernel, attention.grid, attention.constexprs,
         attention.defaults, keys=frozenset({"BLOCK_M", "BLOCK_N", "BLOCK_D", "BLOCK_E", "num_warps", "num_stages",
                                             "input_precision"}),
-        tiles=attention.tiles, check=attention.check, spans=attention.spans),
+        tiles=attention.tiles, check=attention.check, spans=attention.spans, absorbs=attention.absorbs),
     "split": _flat("split", split.supports, split.kernel, split.numel, results=split.results),
     "scatter": _flat("scatter", scatter.supports, scatter.kernel, scatter.numel, prefill=scatter.prefill),
 }
@@ -235,6 +239,13 @@ def spans(graph: Graph, kinds: list[str], nodes: Nodes) -> str | None:
     """The kind of the template whose one kernel runs a run of groups of `kinds` (each read by
     the next alone) with these `nodes`, or None."""
     return next((kind for kind, template in TEMPLATES.items() if template.spans(graph, kinds, nodes)), None)
+
+
+def absorbs(graph: Graph, group: Any, kind_of: Callable[[Node], str]) -> Nodes:
+    """The nodes outside `group` (a fusion.Group) its kernel computes as it reads: its
+    template's rule."""
+    template = TEMPLATES.get(group.kind)
+    return template.absorbs(graph, group.nodes, kind_of) if template is not None else []
 
 
 def classify(graph: Graph, node: Node) -> str:

@@ -145,6 +145,50 @@ def test_packed_and_transposed_operands_broadcast_over_heads(kit, device):
     np.testing.assert_allclose(got["y"], want, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("rep", [1, 3])
+def test_grouped_keys_and_values_are_read_through_their_expand(kit, device, rep):
+    """GQA: K^T and V of 2 heads, each repeated for `rep` query heads (Unsqueeze, Expand,
+    Reshape) as transformers' repeat_kv does: the kernel reads the unrepeated tensors at the
+    query head's key head, and the Expands run no kernel of their own."""
+    rng = np.random.default_rng(rep)
+    b, kv, m, n, d, e = 2, 2, 9, 21, 16, 12
+    h = kv * rep
+    g = Graph("gqa")
+    feeds = {"q": rng.standard_normal((b, h, m, d)).astype(F32), "kt": rng.standard_normal((b, kv, d, n)).astype(F32),
+             "v": rng.standard_normal((b, kv, n, e)).astype(F32)}
+    q, kt, v = (g.add_input(name, TensorType(x.shape, F32)) for name, x in feeds.items())
+
+    def repeated(x: Value, name: str) -> Value:
+        rows, cols = g.type_of(x).shape[-2:]
+        x = kit.add(g, "Unsqueeze", [x, g.add_constant(np.array([2]), name=f"{name}_axis")], name=f"{name}_unsqueeze")
+        x = kit.add(g, "Expand", [x, g.add_constant(np.array([b, kv, rep, rows, cols]), name=f"{name}_shape")],
+                    name=f"{name}_expand")
+        return kit.add(g, "Reshape", [x, g.add_constant(np.array([b, h, rows, cols]), name=f"{name}_heads")],
+                       name=f"{name}_heads")
+
+    g.add_output(_attention(kit, g, q, repeated(kt, "k"), repeated(v, "v"), scores="causal", guard="masked"), "y")
+    assert _kinds(g) == ["attention"]
+    (plan,) = kernel_plans(g)
+    assert {"k_expand", "v_expand"} <= set(plan.nodes) and "read from k_unsqueeze" in plan.source
+    got = _check(kit, g, feeds, device)
+    scores = np.where(np.tril(np.ones((m, n), bool), n - m), feeds["q"] @ np.repeat(feeds["kt"], rep, axis=1), -np.inf)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    want = (probs / probs.sum(-1, keepdims=True)) @ np.repeat(feeds["v"], rep, axis=1)
+    np.testing.assert_allclose(got["y"], want, rtol=1e-4, atol=1e-5)
+
+
+def test_an_expand_read_elsewhere_keeps_its_kernel(kit):
+    g = Graph("shared_expand")
+    q, kt, v = (g.add_input(name, TensorType(shape, F32)) for name, shape in
+                (("q", (1, 4, 8, 16)), ("kt", (1, 2, 16, 8)), ("v", (1, 4, 8, 16))))
+    x = kit.add(g, "Unsqueeze", [kt, g.add_constant(np.array([2]), name="axis")])
+    x = kit.add(g, "Expand", [x, g.add_constant(np.array([1, 2, 2, 16, 8]), name="shape")], name="expand")
+    k = kit.add(g, "Reshape", [x, g.add_constant(np.array([1, 4, 16, 8]), name="heads")])
+    g.add_output(_attention(kit, g, q, k, v, scores="none"), "y")
+    g.add_output(x, "repeated")
+    assert sorted(_kinds(g)) == ["attention", "movement"]
+
+
 @pytest.mark.parametrize("dtype", [np.float16, "bfloat16"])
 def test_half_precision_operands_accumulate_in_float32(kit, device, dtype):
     """Q, K and V in float16 or bfloat16, against float64 on the same (rounded) values: the

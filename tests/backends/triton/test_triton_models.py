@@ -199,6 +199,36 @@ def test_text_models_from_torch_run_every_node_in_a_kernel(kit, name):
     assert exe.fallback_nodes == []
 
 
+def test_a_llama_layer_runs_rotary_and_grouped_attention_in_few_kernels(kit):
+    """LLaMA (grouped query attention, rotary embeddings) on the gpu target: each rotary
+    product is one kernel with its rotate_half (a Gather) and the keys' scale (hoisted before
+    repeat_kv's Expand); the attention reads the unrepeated keys and values, so no Slice,
+    Concat or Expand runs a kernel of its own; the output matches eager PyTorch."""
+    import torch
+    import transformers
+
+    config = transformers.LlamaConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
+        vocab_size=50, pad_token_id=1, bos_token_id=0, eos_token_id=2, attn_implementation="sdpa", use_cache=False)
+    model = transformers.LlamaModel(config).eval()
+    ids = torch.from_numpy(np.random.default_rng(16).integers(3, 50, (2, 16)))
+    mask = torch.ones(2, 16, dtype=torch.long)
+    mask[1, 12:] = 0
+    graph = tilefold.optimize(tilefold.from_torch(model, (ids, mask)), "gpu").graph
+    plans = kernel_plans(graph)
+    alone = {graph.node(plan.nodes[0]).op for plan in plans if len(plan.nodes) == 1}
+    assert not alone & {"Slice", "Concat", "Expand", "Mul"}
+    assert [plan.kind for plan in plans].count("attention") == 1
+    rotary = [plan for plan in plans if any(graph.node(n).op == "Gather" for n in plan.nodes) and plan.kind == "chain"]
+    assert len(rotary) == 2 and all(len(plan.nodes) >= 5 for plan in rotary)
+    exe = TritonExecutable(graph, device="interp")
+    (got,) = exe(dict(zip(graph.input_types(), (ids.numpy(), mask.numpy())))).values()
+    with torch.no_grad():
+        want = model(ids, mask).last_hidden_state
+    np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-5)
+    assert exe.fallback_nodes == []
+
+
 def _linear_block(batch: int):
     """ConvNeXt's block, shrunk: a conv's 16-channel map permuted channels-last, normalized,
     through two Linear layers as torch traces them (rows merged for Gemms), permuted back
