@@ -54,7 +54,7 @@ def check(graph: Graph, group: Group, chosen: dict[str, Any]) -> None:
     anchor = group.anchor
     unknown = sorted(set(chosen) - template.keys)
     if unknown:
-        raise VerifyError(f"{where(anchor)}: unknown launch key {unknown[0]!r} for a {group.kind} kernel; "
+        raise VerifyError(f"{where(anchor)}: unknown launch key {unknown[0]!r} for the {group.kind} kernel; "
                           f"known: {', '.join(sorted(template.keys))}")
     for key, value in chosen.items():
         if key.startswith("BLOCK") and not _is_pow2(value):

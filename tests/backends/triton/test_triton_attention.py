@@ -246,8 +246,23 @@ def test_launch_configuration_is_checked_and_overridden(kit, device):
     got = TritonExecutable(g, device=device)(feeds)
     np.testing.assert_allclose(got["y"], want["y"], rtol=1e-5, atol=1e-5)
     for bad, message in (({"BLOCK_D": 16}, "BLOCK_D=16 is shorter than the head dim of Q and K (24"),
+                         ({"BLOCK_K": 16}, "unknown launch key 'BLOCK_K' for the attention kernel"),
                          ({"BLOCK_N": 8}, "BLOCK_N=8 is below 16")):
         set_launch(g, "scores", **bad)
         with pytest.raises(VerifyError, match=f"scores.*{re.escape(message)}"):
             verify_launch(g)
         g.node("scores").launch = {}
+
+
+def test_autotune_tunes_the_query_and_key_blocks_alone(kit):
+    """Autotuning writes a verified choice onto the scores' MatMul, varying the row and key
+    blocks (not the head dims, which one block holds whole), and the answer stays the same."""
+    from tilefold.backends.triton import autotune
+
+    g, feeds = _inputs_graph(kit, (1, 2, 40, 40, 24, 20), guard="nan")
+    before = TritonExecutable(g, device="interp")(feeds)["y"]
+    chosen = autotune(g, feeds, device="interp", limit=4)
+    assert set(chosen) == {"scores"} and g.node("scores").launch == chosen["scores"]
+    assert chosen["scores"]["BLOCK_D"] == 32 and chosen["scores"]["BLOCK_E"] == 32
+    verify_launch(g)
+    np.testing.assert_allclose(TritonExecutable(g, device="interp")(feeds)["y"], before, rtol=1e-5, atol=1e-6)
