@@ -26,7 +26,7 @@ from .pipeline import Pass, PassResult
 
 def _indices(graph: Graph, node: Node, axis: int) -> tuple[Value, np.ndarray] | None:
     """A Slice along `axis` alone with constant starts, ends and steps: its operand and the
-    indices it takes (ONNX's clamping, by numpy's slicing of an index range); else None."""
+    indices it takes (clamped as ONNX clamps them); else None."""
     if node.op != "Slice":
         return None
     values = list(graph.inputs_of(node.name)) + [None] * 5
@@ -48,8 +48,8 @@ def _indices(graph: Graph, node: Node, axis: int) -> tuple[Value, np.ndarray] | 
     if step == 0:
         return None
     start, end = start + size if start < 0 else start, end + size if end < 0 else end
-    low, high = (0, size) if step > 0 else (0, size - 1)
-    start, end = min(max(start, low), high), min(max(end, low if step > 0 else -1), high)
+    high = size if step > 0 else size - 1
+    start, end = min(max(start, 0), high), min(max(end, 0 if step > 0 else -1), high)
     taken = np.arange(start, end, step)
     return x, taken.astype(np.int64)
 
