@@ -18,7 +18,9 @@ A row op whose template takes a prologue (a float or bool reduction, softmax, a 
 templates.takes_prologue) joins the chain group that computes its operand, when it is that
 value's only reader: the chain is then computed on the row in registers before the reduction
 (the sdpa guard's Not(x == -inf) before its any, RMSNorm's square before its mean); the
-group's `head` counts the nodes before its anchor. A node of another kind that alone reads a
+group's `head` counts the nodes before its anchor. A matmul computes the layer norm that
+gives its first operand likewise, where that norm's result is read by nothing else (GPT-2's
+and ViT's pre-norm layers: the norm's kernel and its result's buffer go). A node of another kind that alone reads a
 group's result may end the group instead, writing its results (`Rules.ends`: the Split of
 GPT-2's query, key and value in their matmul's kernel).
 
@@ -62,7 +64,7 @@ class Rules:
     """What the templates say about fusing (launch.kernel_groups gives templates.py's):
     `classify` a node's kind; `epilogue_shapes` the shapes of the elementwise nodes a group's
     kernel may compute after its last one (none: it takes no epilogue); `takes_prologue`
-    whether an anchor of a kind computes the chain that gives its operand; `merges` whether a
+    whether an anchor of a kind computes the group that gives its operand; `merges` whether a
     group whose result a node of another group reads can run inside that group's kernel;
     `ends` whether a node of another kind that alone reads a group's result ends the group;
     `spans` the kind of a kernel that runs a run of groups of the given kinds, each read by the
@@ -71,7 +73,7 @@ class Rules:
 
     classify: Callable[[Graph, Node], str]
     epilogue_shapes: Callable[[Graph, "Group"], list[tuple[int, ...]]]
-    takes_prologue: Callable[[Graph, str, Node], bool]
+    takes_prologue: Callable[[Graph, str, Node, "Group"], bool]
     merges: Callable[[Graph, "Group", "Group", Value, Node], bool]
     ends: Callable[[Graph, "Group", Node], bool]
     spans: Callable[[Graph, list[str], list[Node]], "str | None"] = lambda graph, kinds, nodes: None
@@ -208,7 +210,7 @@ def group_nodes(graph: Graph, rules: Rules, fuse: bool = True) -> list[Group]:
             before = _operand_group(graph, node, owner)
             if before is not None and rules.ends(graph, before, node):
                 joined = before
-            elif before is not None and before.kind == "chain" and rules.takes_prologue(graph, kind, node):
+            elif before is not None and rules.takes_prologue(graph, kind, node, before):
                 joined, before.kind, before.head = before, kind, len(before.nodes)
         if joined is None:
             joined = Group(kind, [])

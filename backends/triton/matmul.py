@@ -10,6 +10,12 @@ beta*C; then the fused elementwise nodes: bias, activation, residual add, folded
 scale and shift) runs on the accumulator before the one store, or, where a Split of the
 result along its rows or columns ends the group (GPT-2's query, key and value), before one
 masked store per part, each at its index in its part, through its part's encoding.
+
+A layer norm of the rows that only this product reads (a pre-norm transformer's first Linear
+layers: GPT-2, ViT, CLIP, ConvNeXt) is a prologue: the kernel reads the norm's operand,
+finds each row's mean and deviation in two passes over k before the product, and normalizes
+each block of rows as it loads it (`takes_prologue`): the norm's kernel and its result's
+buffer go, for two more reads of the rows, which stay in L2 across the programs of a row block.
 """
 from __future__ import annotations
 
@@ -23,7 +29,7 @@ from ...layout.targets import GpuTarget
 from . import split
 from .codegen import jit_function
 from .elementwise import Loader, emit_chain, store_expr
-from .indexing import broadcast_index, filling_blocks, is_float, next_pow2, offset, unravel
+from .indexing import broadcast_index, filling_blocks, is_float, next_pow2, offset, parameter, triton_dtype, unravel
 
 M_IDX, N_IDX = "rm[:, None]", "rn[None, :]"
 
@@ -41,6 +47,34 @@ def supports(graph: Graph, node: Node) -> bool:
     if node.op == "Gemm" and len(types) > 2 and types[2] is not None:
         return types[2].is_static and is_float(types[2])
     return True
+
+
+def anchor(nodes: list[Node]) -> Node:
+    """The group's MatMul or Gemm (after a layer norm it computes as a prologue)."""
+    return next(n for n in nodes if n.op in ("MatMul", "Gemm"))
+
+
+def _norm(nodes: list[Node]) -> Node | None:
+    """The layer norm the kernel computes before its anchor, or None."""
+    return nodes[0] if nodes[0].op == "LayerNormalization" else None
+
+
+def takes_prologue(graph: Graph, node: Node, kind: str, nodes: list[Node]) -> bool:
+    """Whether the kernel of matmul `node` computes the group of `nodes` (of `kind`) that gives
+    its first operand: a LayerNormalization alone over its operand's last dim (a float one,
+    its scale and bias vectors of that length), which the anchor reads as its rows (not
+    Gemm's transA). The kernel then finds each row's mean and deviation in two passes over k
+    before the product, and normalizes each block of rows it loads."""
+    if kind != "reduce" or len(nodes) != 1 or nodes[0].op != "LayerNormalization" or \
+            (node.op == "Gemm" and node.attrs.get("transA", 0)):
+        return False
+    norm = nodes[0]
+    values = graph.inputs_of(norm.name)
+    x = graph.type_of(values[0])  # type: ignore[arg-type]
+    if int(norm.attrs.get("axis", -1)) % x.rank != x.rank - 1 or not (x.is_static and is_float(x)):
+        return False
+    return all(v is None or (graph.type_of(v).is_static and is_float(graph.type_of(v)) and
+                             tuple(graph.type_of(v).shape) == (int(x.shape[-1]),)) for v in values[1:3])
 
 
 def _operand_dims(node: Node) -> tuple[tuple[str, str], tuple[str, str]]:
@@ -61,8 +95,10 @@ def sizes(graph: Graph, node: Node) -> dict[str, int]:
 def tiles(graph: Graph, nodes: list[Node]) -> list[tuple[str, TensorType, int, str]]:
     """(what, type, dim, block key) for every matrix dim a block of the kernel reads or
     writes: the launch verifier checks that blocks cover whole tiles."""
-    node = nodes[0]
+    node, norm = anchor(nodes), _norm(nodes)
     values = graph.inputs_of(node.name)
+    if norm is not None:  # the rows are read from the norm's operand
+        values = [graph.inputs_of(norm.name)[0], *values[1:]]
     a_dims, b_dims = _operand_dims(node)
     keys = {"m": "BLOCK_M", "n": "BLOCK_N", "k": "BLOCK_K"}
     found = []
@@ -98,10 +134,11 @@ def results(nodes: list[Node]) -> list[Value]:
 def defaults(graph: Graph, nodes: list[Node], target: GpuTarget) -> dict[str, Any]:
     """Blocks from the shapes (`filling_blocks`: up to 128 x 128, smaller where the grid would
     leave the GPU idle), BLOCK_K two tiles for 4-byte types, four for 2-byte ones."""
-    s = sizes(graph, nodes[0])
-    bm, bn = filling_blocks(s["m"], s["n"], _matrices(nodes[0].outputs[0]), target)
+    node = anchor(nodes)
+    s = sizes(graph, node)
+    bm, bn = filling_blocks(s["m"], s["n"], _matrices(node.outputs[0]), target)
     tile = target.block
-    itemsize = nodes[0].outputs[0].dtype.itemsize
+    itemsize = node.outputs[0].dtype.itemsize
     bk = min(max(tile, next_pow2(s["k"])), tile * (2 if itemsize >= 4 else 4))
     warps = 8 if bm * bn >= 128 * 128 else 4
     return {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "num_warps": warps, "num_stages": 3,
@@ -126,8 +163,11 @@ def _operand_index(t: TensorType, dims: tuple[str, str], batch: list[str], batch
 
 def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Value]]:
     """Source of the matmul kernel of `nodes` (anchor, then epilogue) and its operand values."""
-    node = nodes[0]
+    node, norm = anchor(nodes), _norm(nodes)
     values = graph.inputs_of(node.name)
+    operand_t = graph.type_of(values[0])  # type: ignore[arg-type]
+    if norm is not None:  # the rows are the norm's operand, normalized as they are loaded
+        values = [graph.inputs_of(norm.name)[0], *values[1:]]
     a_t, b_t = graph.type_of(values[0]), graph.type_of(values[1])  # type: ignore[arg-type]
     out = node.outputs[0]
     s = sizes(graph, node)
@@ -141,25 +181,33 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
     if batch:
         lines.append("batch = tl.program_id(1)")
         lines += unravel("batch", batch_shape, batch)
+    a_load = f"tl.load(in0 + {a_off}, mask=({_bounds(a_loop, a_dims, s)}), other=0.0)"
+    params: list[Value] = [values[0], values[1]]  # type: ignore[list-item]
     lines += [
         "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
         "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
+    ]
+    normalize: list[str] = []
+    if norm is not None:
+        before, normalize = _norm_lines(graph, norm, a_load, s["k"], params, operand_t)
+        lines += before
+    lines += [
         "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
         f"for k0 in range(0, {s['k']}, BLOCK_K):",
         "    rk = k0 + tl.arange(0, BLOCK_K)",
-        f"    a = tl.load(in0 + {a_off}, mask=({_bounds(a_loop, a_dims, s)}), other=0.0)"
-        f"  # {graph.value_name(values[0])}: {a_t}",
+        f"    a = {a_load}  # {graph.value_name(values[0])}: {a_t}",
+        *normalize,
         f"    b = tl.load(in1 + {b_off}, mask=({_bounds(b_loop, b_dims, s)}), other=0.0)"
         f"  # {graph.value_name(values[1])}: {b_t}",
     ]
-    precision = ", input_precision=PRECISION" if a_t.dtype.name == "float32" else ""
+    precision = ", input_precision=PRECISION" if b_t.dtype.name == "float32" else ""
     lines.append(f"    acc += tl.dot(a, b{precision})")
     lines.append(f"mask = (rm[:, None] < {s['m']}) & (rn[None, :] < {s['n']})")
-    params: list[Value] = [values[0], values[1]]  # type: ignore[list-item]
     load = Loader(graph, batch + [M_IDX, N_IDX], [*batch_shape, s["m"], s["n"]], "mask", params, blocks=[M_IDX, N_IDX])
     lines += _gemm_epilogue(graph, node, values, load)
     parts = nodes[-1] if _splits(nodes) else None
-    body, var = emit_chain(graph, nodes[1:-1] if parts else nodes[1:], load, {Value(node.name): "acc"})
+    after = nodes[nodes.index(node) + 1:]
+    body, var = emit_chain(graph, after[:-1] if parts else after, load, {Value(node.name): "acc"})
     lines += body
     var = var or "acc"
     if parts is None:
@@ -171,6 +219,46 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
     source = jit_function(fn_name, len(params), lines, ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "PRECISION"),
                           results=len(results(nodes)))
     return source, params
+
+
+def _norm_lines(graph: Graph, norm: Node, a_load: str, k: int, params: list[Value], operand: TensorType
+                ) -> tuple[list[str], list[str]]:
+    """The layer norm of the rows, as the row template computes it: lines before the product
+    (each row's mean, then the mean and the sum of squares of its deviations from it, which
+    correct the mean and give 1 / sqrt(var + epsilon): two passes over k), and the lines that
+    normalize a loaded block `a`, scaled and shifted, in the operand's dtype (lanes past k
+    are 0: the scale and the shift are loaded as 0 there)."""
+    widen = "" if graph.type_of(graph.inputs_of(norm.name)[0]).dtype.name == "float32" else ".to(tl.float32)"  # type: ignore[arg-type]
+    eps = float(norm.attrs.get("epsilon", 1e-5))
+    before = [
+        "mean = tl.zeros((BLOCK_M,), dtype=tl.float32)",
+        f"for k0 in range(0, {k}, BLOCK_K):",
+        "    rk = k0 + tl.arange(0, BLOCK_K)",
+        f"    mean += tl.sum({a_load}{widen}, axis=1)",
+        f"mean = mean / {k}",
+        "shift = tl.zeros((BLOCK_M,), dtype=tl.float32)",
+        "square = tl.zeros((BLOCK_M,), dtype=tl.float32)",
+        f"for k0 in range(0, {k}, BLOCK_K):",
+        "    rk = k0 + tl.arange(0, BLOCK_K)",
+        f"    d = tl.where(rk[None, :] < {k}, {a_load}{widen} - mean[:, None], 0.0)",
+        "    shift += tl.sum(d, axis=1)",
+        "    square += tl.sum(d * d, axis=1)",
+        f"shift = shift / {k}",
+        f"rstd = 1.0 / tl.sqrt(square / {k} - shift * shift + {eps!r})",
+        "mean = mean + shift",
+    ]
+    normalize = [f"    a = (a{widen} - mean[:, None]) * rstd[:, None]  # {norm.name} (LayerNormalization)"]
+    for slot, verb in ((1, "*"), (2, "+")):
+        values = graph.inputs_of(norm.name)
+        value = values[slot] if len(values) > slot else None
+        if value is not None:
+            t = graph.type_of(value)
+            vector = f"tl.load({parameter(params, value)} + {offset(t, ['rk[None, :]'])}, mask=rk[None, :] < {k}, other=0.0)"
+            normalize.append(f"    a = a {verb} {vector}{'' if t.dtype.name == 'float32' else '.to(tl.float32)'}"
+                             f"  # {graph.value_name(value)}: {t}")
+    if operand.dtype.name != "float32":
+        normalize.append(f"    a = a.to({triton_dtype(operand.dtype)})")
+    return before, normalize
 
 
 def swizzle(m: int, n: int) -> list[str]:
@@ -209,7 +297,8 @@ def _gemm_epilogue(graph: Graph, node: Node, values: list[Value | None], load: L
 
 
 def grid(graph: Graph, nodes: list[Node], config: dict[str, Any]) -> tuple[int, ...]:
-    s, out = sizes(graph, nodes[0]), nodes[0].outputs[0]
+    node = anchor(nodes)
+    s, out = sizes(graph, node), node.outputs[0]
     cells = -(-s["m"] // config["BLOCK_M"]) * -(-s["n"] // config["BLOCK_N"])
     return (cells, _matrices(out)) if out.rank > 2 else (cells,)
 

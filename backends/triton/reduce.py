@@ -239,12 +239,13 @@ def merges(graph: Graph, inner: Node, outer: Node, value: Value, reader: Node) -
     return got == wanted or (got == kept and wanted == row)
 
 
-def takes_prologue(graph: Graph, node: Node) -> bool:
-    """Whether the kernel of `node` computes the elementwise chain that gives its row, in
-    registers where it would load it: the float and bool reductions and the row ops of their
-    operand's shape (not scans, TopK or integer reductions, which read their row otherwise)."""
+def takes_prologue(graph: Graph, node: Node, kind: str, nodes: list[Node]) -> bool:
+    """Whether the kernel of `node` computes the group of `nodes` (of `kind`) that gives its
+    row, in registers where it would load it: an elementwise chain, before the float and bool
+    reductions and the row ops of their operand's shape (not scans, TopK or integer
+    reductions, which read their row otherwise)."""
     x = graph.type_of(graph.inputs_of(node.name)[0])  # type: ignore[arg-type]
-    return (node.op in ROW_SHAPED or node.op in REDUCE_OPS) and (is_float(x) or x.dtype == np.bool_)
+    return kind == "chain" and (node.op in ROW_SHAPED or node.op in REDUCE_OPS) and (is_float(x) or x.dtype == np.bool_)
 
 
 def _dtypes_ok(op: str, x: TensorType, out: TensorType) -> bool:

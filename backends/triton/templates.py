@@ -56,9 +56,10 @@ class Template:
     ends: Callable[[Graph, Nodes, Node], bool] = lambda graph, nodes, node: False
     """Whether `node`, of another kind, may end a group of these `nodes` (its only operand
     read, the group's result), writing its results instead (a matmul's Split)."""
-    prologue: Callable[[Graph, Node], bool] = lambda graph, anchor: False
-    """Whether the kernel of this anchor computes the chain of elementwise nodes that gives its
-    first operand, on its row in registers (the chain's kernel and its result's buffer go)."""
+    prologue: Callable[[Graph, Node, str, Nodes], bool] = lambda graph, anchor, kind, nodes: False
+    """Whether the kernel of this anchor computes the group (of `kind`, these `nodes`) that gives
+    its first operand, where it would load it (the group's kernel and its result's buffer go):
+    a row op the chain of elementwise nodes before it, a matmul the layer norm before it."""
     absorbs: Callable[[Graph, Nodes, Callable[[Node], str]], Nodes] = lambda graph, nodes, kind_of: []
     """The nodes outside a group of these `nodes` (of kinds `kind_of` says) that its kernel
     computes itself as it reads its operands (attention: GQA's Expand of K and V, and the views
@@ -116,7 +117,8 @@ TEMPLATES: dict[str, Template] = {
     "matmul": Template(
         "matmul", matmul.supports, matmul.kernel, matmul.grid, matmul.constexprs, matmul.defaults,
         keys=frozenset({"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "input_precision"}),
-        tiles=matmul.tiles, results=matmul.results, epilogue=_always, ends=matmul.takes_split),
+        tiles=matmul.tiles, results=matmul.results, epilogue=_always, ends=matmul.takes_split,
+        prologue=matmul.takes_prologue),
     "conv": Template(
         "conv", conv.supports, conv.kernel, conv.grid, conv.constexprs, conv.defaults,
         keys=frozenset({"BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "input_precision"}),
@@ -219,11 +221,11 @@ def ends(graph: Graph, group: Any, node: Node) -> bool:
     return template is not None and template.ends(graph, group.nodes, node)
 
 
-def takes_prologue(graph: Graph, kind: str, node: Node) -> bool:
-    """Whether `node`, run by a kernel of `kind`, computes the chain before it in that kernel:
-    its template's rule."""
+def takes_prologue(graph: Graph, kind: str, node: Node, before: Any) -> bool:
+    """Whether `node`, run by a kernel of `kind`, computes the group `before` (a fusion.Group)
+    that gives its first operand in that kernel: its template's rule."""
     template = TEMPLATES.get(kind)
-    return template is not None and template.prologue(graph, node)
+    return template is not None and template.prologue(graph, node, before.kind, before.nodes)
 
 
 def merges(graph: Graph, inner: Any, outer: Any, value: Value, reader: Node) -> bool:

@@ -5,8 +5,8 @@ unsigned integers, float16, pools, gathers (GatherND too), resizes, splits into 
 results, pads in every mode, bool reductions, scans, the float64 helpers of libm.py,
 remainders, bits and products, OneHot, TopK of every dtype it takes and of a row read in
 pieces, scatters by store, by atomics and by compare-and-swap on 16- and 32-bit words, a
-quantized conv stack's QuantizeLinear/DequantizeLinear in conv epilogues, and flash attention
-in float16 and bfloat16).
+quantized conv stack's QuantizeLinear/DequantizeLinear in conv epilogues, flash attention
+in float16 and bfloat16, and layer norms as matmul prologues).
 This catches what the interpreter accepts and the compiler does not."""
 from __future__ import annotations
 
@@ -251,10 +251,27 @@ def _half_attention(kit) -> Graph:
     return g
 
 
+def _normed_products(kit) -> Graph:
+    """Layer norms computed by the matmuls that read them (pre-norm layers), float32 and float16."""
+    g = Graph("normed_products")
+    rng = np.random.default_rng(6)
+    for dtype in (np.float32, np.float16):
+        name = np.dtype(dtype).name
+        x = g.add_input(f"x_{name}", TensorType((3, 20, 72), dtype))
+        normed = kit.add(g, "LayerNormalization", [x, g.add_constant(rng.uniform(0.5, 1.5, 72).astype(dtype),
+                                                                     name=f"gamma_{name}"),
+                                                   g.add_constant(rng.standard_normal(72).astype(dtype),
+                                                                  name=f"beta_{name}")], {"axis": -1})
+        w = g.add_constant(rng.standard_normal((72, 48)).astype(dtype), name=f"w_{name}")
+        g.add_output(kit.add(g, "Relu", [kit.add(g, "MatMul", [normed, w])]), f"y_{name}")
+    return g
+
+
 @pytest.mark.parametrize("capability", [90, 80])
 def test_generated_kernels_compile_for_the_gpu(kit, capability):
     pytest.importorskip("triton.backends.nvidia")
-    graphs = [_variants(kit), _bfloat16_scatters(kit), _small_integers(kit), _long_topk(kit), _half_attention(kit)]
+    graphs = [_variants(kit), _bfloat16_scatters(kit), _small_integers(kit), _long_topk(kit), _half_attention(kit),
+              _normed_products(kit)]
     for model in (mlp_model(batch=5, sizes=(20, 33, 7)), mlp_model(batch=3, sizes=(18, 40, 6), gemm=True),
                   kit.small_cnn(), kit.tiny_transformer(), qdq_cnn_model(channels=24)):
         plain = tilefold.load(model)

@@ -412,3 +412,59 @@ def test_fused_rms_norm_and_matmul_split_in_float16_compute_in_float32(kit, devi
     for name in want:
         assert got[name].dtype == want[name].dtype == dtype
         np.testing.assert_allclose(got[name].astype(F32), want[name].astype(F32), rtol=3e-2, atol=3e-2, err_msg=name)
+
+
+def _normed_product(kit, g: Graph, x: Value, rng: np.random.Generator, k: int, n: int, bias: bool = True,
+                    dtype: type = F32) -> Value:
+    """LayerNormalization of x's last dim (k), then a MatMul by a (k, n) weight, a bias Add and
+    a Gelu (a pre-norm transformer's first Linear layer)."""
+    ins = [x, g.add_constant(rng.uniform(0.5, 1.5, k).astype(dtype), name="gamma")]
+    if bias:
+        ins.append(g.add_constant(rng.standard_normal(k).astype(dtype), name="beta"))
+    normed = kit.add(g, "LayerNormalization", ins, {"axis": -1, "epsilon": 1e-5}, name="norm")
+    y = kit.add(g, "MatMul", [normed, g.add_constant(rng.standard_normal((k, n)).astype(dtype), name="w")], name="mm")
+    y = kit.add(g, "Add", [y, g.add_constant(rng.standard_normal(n).astype(dtype), name="b")], name="bias")
+    return kit.add(g, "Gelu", [y], name="gelu")
+
+
+@pytest.mark.parametrize("k, bias", [(37, True), (100, False), (16, True)])
+def test_a_layer_norm_read_only_by_a_matmul_is_that_matmul_s_prologue(kit, device, k, bias):
+    """The norm's statistics come from two passes over k in the matmul's kernel (a k that no
+    block divides, several blocks of k); each row is normalized as it is loaded. A row of one
+    value (no deviation) and rows far from 0 match too."""
+    rng = np.random.default_rng(k)
+    g = Graph("normed")
+    x = g.add_input("x", TensorType((2, 19, k), F32))
+    g.add_output(_normed_product(kit, g, x, rng, k, 33, bias), "y")
+    assert _kernels(g) == [["norm", "mm", "bias", "gelu"]]
+    feed = rng.standard_normal((2, 19, k)).astype(F32)
+    feed[0, 3] = 2.5
+    feed[1, 5:9] += 1000.0
+    _check(kit, g, {"x": feed}, device, rtol=1e-4, atol=1e-4)
+
+
+def test_a_layer_norm_read_elsewhere_or_over_more_dims_stays_a_kernel(kit):
+    rng = np.random.default_rng(3)
+    g = Graph("norm_read_twice")
+    x = g.add_input("x", TensorType((4, 24), F32))
+    g.add_output(_normed_product(kit, g, x, rng, 24, 8), "y")
+    g.add_output(Value("norm"), "normed")
+    assert _kernels(g) == [["norm"], ["mm", "bias", "gelu"]]
+    g = Graph("norm_of_two_dims")
+    x = g.add_input("x", TensorType((4, 3, 8), F32))
+    normed = kit.add(g, "LayerNormalization", [x, g.add_constant(np.ones((3, 8), F32), name="gamma")], {"axis": 1},
+                     name="norm")
+    g.add_output(kit.add(g, "MatMul", [normed, g.add_constant(rng.standard_normal((8, 5)).astype(F32), name="w")],
+                         name="mm"), "y")
+    assert _kernels(g) == [["norm"], ["mm"]]
+
+
+def test_a_layer_norm_prologue_in_float16_rounds_the_normalized_rows_as_the_norm_would(kit, device):
+    rng = np.random.default_rng(5)
+    g = Graph("half_normed")
+    x = g.add_input("x", TensorType((6, 40), np.float16))
+    g.add_output(_normed_product(kit, g, x, rng, 40, 24, dtype=np.float16), "y")
+    assert _kernels(g) == [["norm", "mm", "bias", "gelu"]]
+    got, want = kit.run_both(g, {"x": rng.standard_normal((6, 40)).astype(np.float16)}, device)
+    assert got["y"].dtype == np.float16
+    np.testing.assert_allclose(got["y"].astype(F32), want["y"].astype(F32), rtol=2e-2, atol=2e-2)

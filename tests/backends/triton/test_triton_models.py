@@ -174,7 +174,8 @@ def test_text_models_from_torch_run_every_node_in_a_kernel(kit, name):
     bool mask; RoBERTa counts its position ids with integer arithmetic and a CumSum; CLIP's
     text model pools at the ArgMax of its token ids. All of it runs in generated kernels, so
     nothing crosses to the host, and the outputs match eager PyTorch. The attention, its mask
-    and the sdpa guard included (CLIP's causal too), is one kernel."""
+    and the sdpa guard included (CLIP's causal too), is one kernel, and CLIP's pre-norm layer
+    norms run in the kernels of the matmuls after them."""
     import torch
     import transformers
 
@@ -189,7 +190,11 @@ def test_text_models_from_torch_run_every_node_in_a_kernel(kit, name):
     mask[1, 11:] = 0
     graph = tilefold.optimize(tilefold.from_torch(model, (ids, mask)), "gpu").graph
     assert ops <= {n.op for n in graph.nodes()}
-    assert [plan.kind for plan in kernel_plans(graph)].count("attention") == 1
+    plans = kernel_plans(graph)
+    assert [plan.kind for plan in plans].count("attention") == 1
+    if name == "clip_text":  # pre-norm: each layer norm is computed by the matmul that reads it
+        assert [graph.node(plan.nodes[0]).op for plan in plans if plan.kind == "matmul"].count(
+            "LayerNormalization") == 2
     exe = TritonExecutable(graph, device="interp")
     got = list(exe(dict(zip(graph.input_types(), (ids.numpy(), mask.numpy())))).values())
     with torch.no_grad():
