@@ -398,8 +398,10 @@ class Loader:
         return var
 
 
-def emit_chain(graph: Graph, nodes: Sequence[Node], load: Loader, env: dict[Value, str]) -> tuple[list[str], str]:
-    """Lines computing `nodes` in order (inputs from `env` or `load`); the last result's name."""
+def emit_chain(graph: Graph, nodes: Sequence[Node], load: Loader, env: dict[Value, str], prefix: str = "v"
+               ) -> tuple[list[str], str]:
+    """Lines computing `nodes` in order (inputs from `env` or `load`); the last result's name
+    (results are named `prefix` and a number: two chains of one kernel take two prefixes)."""
     lines: list[str] = []
     var = ""
     for k, node in enumerate(nodes):
@@ -411,7 +413,7 @@ def emit_chain(graph: Graph, nodes: Sequence[Node], load: Loader, env: dict[Valu
         consts = [graph.constant_value(v) for v in values]
         expr = OPS[node.op](args, node, consts)
         assert expr is not None, node
-        var = f"v{len(env)}"
+        var = f"{prefix}{len(env)}"
         lines.extend(load.lines)
         load.lines.clear()
         lines.append(f"{var} = {expr}  # {node.name} ({node.op})")

@@ -18,9 +18,9 @@ A row op whose template takes a prologue (a float or bool reduction, softmax, a 
 templates.takes_prologue) joins the chain group that computes its operand, when it is that
 value's only reader: the chain is then computed on the row in registers before the reduction
 (the sdpa guard's Not(x == -inf) before its any, RMSNorm's square before its mean); the
-group's `head` counts the nodes before its anchor. A matmul computes the layer norm that
-gives its first operand likewise, where that norm's result is read by nothing else (GPT-2's
-and ViT's pre-norm layers: the norm's kernel and its result's buffer go). A node of another kind that alone reads a
+group's `head` counts the nodes before its anchor. A matmul computes the norm that gives
+its first operand likewise (a LayerNormalization, or RMSNorm's row group), where that norm's
+result is read by nothing else (pre-norm layers: the norm's kernel and its buffer go). A node of another kind that alone reads a
 group's result may end the group instead, writing its results (`Rules.ends`: the Split of
 GPT-2's query, key and value in their matmul's kernel).
 

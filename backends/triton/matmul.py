@@ -11,11 +11,13 @@ scale and shift) runs on the accumulator before the one store, or, where a Split
 result along its rows or columns ends the group (GPT-2's query, key and value), before one
 masked store per part, each at its index in its part, through its part's encoding.
 
-A layer norm of the rows that only this product reads (a pre-norm transformer's first Linear
-layers: GPT-2, ViT, CLIP, ConvNeXt) is a prologue: the kernel reads the norm's operand,
-finds each row's mean and deviation in two passes over k before the product, and normalizes
-each block of rows as it loads it (`takes_prologue`): the norm's kernel and its result's
-buffer go, for two more reads of the rows, which stay in L2 across the programs of a row block.
+A norm of the rows that only this product reads (a pre-norm transformer's first Linear
+layers) is a prologue (`takes_prologue`): a LayerNormalization (GPT-2, ViT, CLIP, ConvNeXt),
+whose mean and deviation the kernel finds in two passes over k before the product, or a row
+group around a sum over k (RMSNorm: LLaMA, Mistral, Qwen2, Gemma, T5), whose sum takes one
+pass; each block of rows is then computed as it is loaded. The norm's kernel and its result's
+buffer go, for one or two more reads of the rows, which stay in L2 across the programs of a
+row block.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from ...graph.types import TensorType, Value
 from ...layout.targets import GpuTarget
 from . import split
 from .codegen import jit_function
-from .elementwise import Loader, emit_chain, store_expr
+from .elementwise import OPS, Loader, emit_chain, store_expr
 from .indexing import broadcast_index, filling_blocks, is_float, next_pow2, offset, parameter, triton_dtype, unravel
 
 M_IDX, N_IDX = "rm[:, None]", "rn[None, :]"
@@ -54,19 +56,45 @@ def anchor(nodes: list[Node]) -> Node:
     return next(n for n in nodes if n.op in ("MatMul", "Gemm"))
 
 
-def _norm(nodes: list[Node]) -> Node | None:
-    """The layer norm the kernel computes before its anchor, or None."""
-    return nodes[0] if nodes[0].op == "LayerNormalization" else None
+def _prologue(nodes: list[Node]) -> list[Node]:
+    """The nodes the kernel computes before its anchor (a row group that gives its rows)."""
+    return nodes[:nodes.index(anchor(nodes))]
+
+
+def _row_sum(graph: Graph, nodes: list[Node]) -> Node | None:
+    """The ReduceSum or ReduceMean of a row group (RMSNorm's mean of squares) whose kernel a
+    matmul can run as it reads its rows: a sum over the last dim, kept, of float rows, with
+    elementwise nodes before it (of the row's shape) and after it (of the row's shape, or of
+    one value per row), the last of the row's shape. None otherwise."""
+    from .reduce import axes_of, first_row_op
+
+    anchor_ = first_row_op(nodes)
+    x = graph.type_of(graph.inputs_of(anchor_.name)[0])  # type: ignore[arg-type]
+    if anchor_.op not in ("ReduceSum", "ReduceMean") or not anchor_.attrs.get("keepdims", 1) or \
+            not is_float(x) or axes_of(graph, anchor_) != (x.rank - 1,):
+        return None
+    row, kept = tuple(x.shape), tuple(anchor_.outputs[0].shape)
+    others = [n for n in nodes if n is not anchor_]
+    if not all(n.op in OPS and tuple(n.outputs[0].shape) in (row, kept) for n in others):
+        return None
+    before = nodes[:nodes.index(anchor_)]
+    if any(tuple(n.outputs[0].shape) != row for n in before) or tuple(nodes[-1].outputs[0].shape) != row:
+        return None
+    return anchor_
 
 
 def takes_prologue(graph: Graph, node: Node, kind: str, nodes: list[Node]) -> bool:
     """Whether the kernel of matmul `node` computes the group of `nodes` (of `kind`) that gives
-    its first operand: a LayerNormalization alone over its operand's last dim (a float one,
-    its scale and bias vectors of that length), which the anchor reads as its rows (not
-    Gemm's transA). The kernel then finds each row's mean and deviation in two passes over k
-    before the product, and normalizes each block of rows it loads."""
-    if kind != "reduce" or len(nodes) != 1 or nodes[0].op != "LayerNormalization" or \
-            (node.op == "Gemm" and node.attrs.get("transA", 0)):
+    its first operand, which the anchor reads as its rows (not Gemm's transA): a
+    LayerNormalization alone over its operand's last dim (a float one, its scale and bias
+    vectors of that length), or a row group around a sum over the last dim (`_row_sum`:
+    RMSNorm). The kernel then finds each row's statistics in passes over k before the product,
+    and computes each block of rows as it loads it."""
+    if kind != "reduce" or (node.op == "Gemm" and node.attrs.get("transA", 0)):
+        return False
+    if _row_sum(graph, nodes) is not None:
+        return True
+    if len(nodes) != 1 or nodes[0].op != "LayerNormalization":
         return False
     norm = nodes[0]
     values = graph.inputs_of(norm.name)
@@ -95,10 +123,10 @@ def sizes(graph: Graph, node: Node) -> dict[str, int]:
 def tiles(graph: Graph, nodes: list[Node]) -> list[tuple[str, TensorType, int, str]]:
     """(what, type, dim, block key) for every matrix dim a block of the kernel reads or
     writes: the launch verifier checks that blocks cover whole tiles."""
-    node, norm = anchor(nodes), _norm(nodes)
+    node = anchor(nodes)
     values = graph.inputs_of(node.name)
-    if norm is not None:  # the rows are read from the norm's operand
-        values = [graph.inputs_of(norm.name)[0], *values[1:]]
+    if _prologue(nodes):  # the rows are computed from the row group's operand
+        values = [graph.inputs_of(_prologue(nodes)[0].name)[0], *values[1:]]
     a_dims, b_dims = _operand_dims(node)
     keys = {"m": "BLOCK_M", "n": "BLOCK_N", "k": "BLOCK_K"}
     found = []
@@ -163,11 +191,11 @@ def _operand_index(t: TensorType, dims: tuple[str, str], batch: list[str], batch
 
 def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Value]]:
     """Source of the matmul kernel of `nodes` (anchor, then epilogue) and its operand values."""
-    node, norm = anchor(nodes), _norm(nodes)
+    node, prologue = anchor(nodes), _prologue(nodes)
     values = graph.inputs_of(node.name)
     operand_t = graph.type_of(values[0])  # type: ignore[arg-type]
-    if norm is not None:  # the rows are the norm's operand, normalized as they are loaded
-        values = [graph.inputs_of(norm.name)[0], *values[1:]]
+    if prologue:  # the rows are computed from the row group's operand as they are loaded
+        values = [graph.inputs_of(prologue[0].name)[0], *values[1:]]
     a_t, b_t = graph.type_of(values[0]), graph.type_of(values[1])  # type: ignore[arg-type]
     out = node.outputs[0]
     s = sizes(graph, node)
@@ -188,14 +216,21 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
         "rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)",
     ]
     normalize: list[str] = []
-    if norm is not None:
-        before, normalize = _norm_lines(graph, norm, a_load, s["k"], params, operand_t)
+    loaded = [f"    a = {a_load}  # {graph.value_name(values[0])}: {a_t}"]
+    if len(prologue) == 1 and prologue[0].op == "LayerNormalization":
+        before, normalize = _norm_lines(graph, prologue[0], a_load, s["k"], params, operand_t)
         lines += before
+    elif prologue:
+        index = batch + ["rm[:, None]", "rk[None, :]"]
+        before, normalize = _row_sum_lines(graph, prologue, index, [*batch_shape, s["m"], s["k"]], s["k"], params,
+                                           operand_t)
+        lines += before
+        loaded = []  # the group's nodes load what they read
     lines += [
         "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
         f"for k0 in range(0, {s['k']}, BLOCK_K):",
         "    rk = k0 + tl.arange(0, BLOCK_K)",
-        f"    a = {a_load}  # {graph.value_name(values[0])}: {a_t}",
+        *loaded,
         *normalize,
         f"    b = tl.load(in1 + {b_off}, mask=({_bounds(b_loop, b_dims, s)}), other=0.0)"
         f"  # {graph.value_name(values[1])}: {b_t}",
@@ -256,6 +291,48 @@ def _norm_lines(graph: Graph, norm: Node, a_load: str, k: int, params: list[Valu
             vector = f"tl.load({parameter(params, value)} + {offset(t, ['rk[None, :]'])}, mask=rk[None, :] < {k}, other=0.0)"
             normalize.append(f"    a = a {verb} {vector}{'' if t.dtype.name == 'float32' else '.to(tl.float32)'}"
                              f"  # {graph.value_name(value)}: {t}")
+    if operand.dtype.name != "float32":
+        normalize.append(f"    a = a.to({triton_dtype(operand.dtype)})")
+    return before, normalize
+
+
+def _row_sum_lines(graph: Graph, nodes: list[Node], index: list[str], shape: list[int], k: int, params: list[Value],
+                   operand: TensorType) -> tuple[list[str], list[str]]:
+    """A row group around a sum over k (`_row_sum`: RMSNorm), as the row template computes it:
+    lines before the product (the nodes before the sum on each block of rows, summed over k in
+    one pass; then the nodes of one value per row), and the lines that compute the group's
+    row-shaped nodes on a loaded block, named `a` in the operand's dtype (lanes past k 0)."""
+    total = _row_sum(graph, nodes)
+    assert total is not None
+    at = nodes.index(total)
+    kept = tuple(total.outputs[0].shape)
+    per_row = [n for n in nodes[at + 1:] if tuple(n.outputs[0].shape) == kept]
+    rows = [n for n in nodes[at + 1:] if tuple(n.outputs[0].shape) != kept]
+    blocks = ["rm[:, None]", "rk[None, :]"]
+    first = Loader(graph, index, shape, "mask", params, blocks=blocks, prefix="p")
+    body, var = emit_chain(graph, nodes[:at], first, {}, prefix="w")
+    x = var or first(graph.inputs_of(total.name)[0])  # type: ignore[arg-type]
+    before = [
+        "total = tl.zeros((BLOCK_M,), dtype=tl.float32)",
+        f"for k0 in range(0, {k}, BLOCK_K):",
+        "    rk = k0 + tl.arange(0, BLOCK_K)",
+        f"    mask = (rm[:, None] < {shape[-2]}) & (rk[None, :] < {k})",
+        *("    " + line for line in body + first.lines),
+        f"    total += tl.sum(tl.where(mask, {x}, 0.0), axis=1)",
+        f"total = total{' / ' + str(k) if total.op == 'ReduceMean' else ''}",
+    ]
+    env: dict[Value, str] = {Value(total.name): "total[:, None]"}
+    row_index = [*index[:-1], "0"]
+    per = Loader(graph, row_index, [*shape[:-1], 1], "rm[:, None] < " + str(shape[-2]), params,
+                 blocks=["rm[:, None]"], prefix="q")
+    lines, _ = emit_chain(graph, per_row, per, env, prefix="r")
+    before += lines
+    row = Loader(graph, index, shape, "mask", params, blocks=blocks, prefix="x")
+    inner = dict(env)  # the nodes before the sum again, on the block of rows being loaded
+    again, _ = emit_chain(graph, nodes[:at], row, inner, prefix="u")
+    body, var = emit_chain(graph, rows, row, inner, prefix="y")
+    normalize = [f"    mask = (rm[:, None] < {shape[-2]}) & (rk[None, :] < {k})",
+                 *("    " + line for line in again + body), f"    a = tl.where(rk[None, :] < {k}, {var}, 0.0)"]
     if operand.dtype.name != "float32":
         normalize.append(f"    a = a.to({triton_dtype(operand.dtype)})")
     return before, normalize

@@ -394,10 +394,10 @@ def test_a_split_of_a_batch_dim_or_after_a_split_is_not_in_the_matmul_s_kernel(k
 
 
 def test_fused_rms_norm_and_matmul_split_in_float16_compute_in_float32(kit, device):
-    """float16 operands are widened when loaded and the results narrowed when stored: RMSNorm's
-    one kernel and a matmul whose kernel stores its Split's parts match the NumPy backend
-    within a few steps of float16 (which rounds after every node; the NumPy backend has no
-    bfloat16 to compare with)."""
+    """float16 operands are widened when loaded and the results narrowed when stored: RMSNorm,
+    computed by the matmul that reads it, whose kernel stores its Split's parts, matches the
+    NumPy backend within a few steps of float16 (which rounds after every node; the NumPy
+    backend has no bfloat16 to compare with)."""
     dtype = np.float16
     rng = np.random.default_rng(22)
     g = Graph("half")
@@ -407,7 +407,7 @@ def test_fused_rms_norm_and_matmul_split_in_float16_compute_in_float32(kit, devi
     kit.add(g, "Split", [y, g.add_constant(np.array([4, 8], np.int64), name="sizes")], {"axis": -1}, name="parts")
     g.add_output(Value("parts", 0), "a")
     g.add_output(Value("parts", 1), "b")
-    assert [k[-1] for k in _kernels(g)] == ["rms_scaled", "parts"]
+    assert [k[-1] for k in _kernels(g)] == ["parts"]
     got, want = kit.run_both(g, {"x": rng.standard_normal((3, 16)).astype(dtype)}, device)
     for name in want:
         assert got[name].dtype == want[name].dtype == dtype
@@ -468,3 +468,39 @@ def test_a_layer_norm_prologue_in_float16_rounds_the_normalized_rows_as_the_norm
     got, want = kit.run_both(g, {"x": rng.standard_normal((6, 40)).astype(np.float16)}, device)
     assert got["y"].dtype == np.float16
     np.testing.assert_allclose(got["y"].astype(F32), want["y"].astype(F32), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("k", [19, 64, 100])
+def test_an_rms_norm_read_only_by_a_matmul_is_that_matmul_s_prologue(kit, device, k):
+    """RMSNorm's group (the square before its mean, the rsqrt on one value per row, the Muls
+    over the row) in the kernel of the matmul that reads it: the mean in one pass over k, the
+    row computed as it is loaded (a k that no block divides, several blocks of k)."""
+    rng = np.random.default_rng(k)
+    g = Graph("rms_normed")
+    x = g.add_input("x", TensorType((2, 9, k), F32))
+    normed = _rms_norm(kit, g, x, rng.uniform(0.5, 1.5, k).astype(F32))
+    y = kit.add(g, "MatMul", [normed, g.add_constant(rng.standard_normal((k, 24)).astype(F32), name="w")], name="mm")
+    g.add_output(kit.add(g, "Relu", [y], name="relu"), "y")
+    assert _kernels(g) == [["rms_square", "rms_mean", "rms_eps_add", "rms_root", "rms_rstd", "rms_normed",
+                            "rms_scaled", "mm", "relu"]]
+    feed = rng.standard_normal((2, 9, k)).astype(F32) * 3.0
+    feed[1, 4] = 0.0  # a row of zeros: rsqrt(eps)
+    _check(kit, g, {"x": feed}, device, rtol=1e-4, atol=1e-4)
+
+
+def test_a_reduction_over_another_dim_or_read_elsewhere_is_not_a_matmul_prologue(kit):
+    rng = np.random.default_rng(8)
+    g = Graph("rms_read_twice")
+    x = g.add_input("x", TensorType((4, 16), F32))
+    normed = _rms_norm(kit, g, x, rng.uniform(0.5, 1.5, 16).astype(F32))
+    g.add_output(kit.add(g, "MatMul", [normed, g.add_constant(rng.standard_normal((16, 8)).astype(F32), name="w")],
+                         name="mm"), "y")
+    g.add_output(normed, "normed")
+    assert [k[-1] for k in _kernels(g)] == ["rms_scaled", "mm"]
+    g = Graph("column_mean")
+    x = g.add_input("x", TensorType((4, 16), F32))
+    mean = kit.add(g, "ReduceMean", [x, g.add_constant(np.array([0], np.int64), name="axes")], name="mean")
+    centered = kit.add(g, "Sub", [x, mean], name="centered")
+    g.add_output(kit.add(g, "MatMul", [centered, g.add_constant(rng.standard_normal((16, 8)).astype(F32), name="w")],
+                         name="mm"), "y")
+    assert [k[-1] for k in _kernels(g)] == ["centered", "mm"]
