@@ -61,6 +61,15 @@ def _prologue(nodes: list[Node]) -> list[Node]:
     return nodes[:nodes.index(anchor(nodes))]
 
 
+def _rows(graph: Graph, nodes: list[Node]) -> Value | None:
+    """The tensor a row group computes its rows from: the first operand of its nodes, of the
+    rows' shape, that the group does not compute itself (a norm's operand)."""
+    inside = {n.name for n in nodes}
+    shape = tuple(nodes[-1].outputs[0].shape)
+    return next((v for n in nodes for v in graph.inputs_of(n.name)
+                 if v is not None and v.node not in inside and tuple(graph.type_of(v).shape) == shape), None)
+
+
 def _row_sum(graph: Graph, nodes: list[Node]) -> Node | None:
     """The ReduceSum or ReduceMean of a row group (RMSNorm's mean of squares) whose kernel a
     matmul can run as it reads its rows: a sum over the last dim, kept, of float rows, with
@@ -80,7 +89,7 @@ def _row_sum(graph: Graph, nodes: list[Node]) -> Node | None:
     before = nodes[:nodes.index(anchor_)]
     if any(tuple(n.outputs[0].shape) != row for n in before) or tuple(nodes[-1].outputs[0].shape) != row:
         return None
-    return anchor_
+    return anchor_ if _rows(graph, nodes) is not None else None
 
 
 def takes_prologue(graph: Graph, node: Node, kind: str, nodes: list[Node]) -> bool:
@@ -126,7 +135,7 @@ def tiles(graph: Graph, nodes: list[Node]) -> list[tuple[str, TensorType, int, s
     node = anchor(nodes)
     values = graph.inputs_of(node.name)
     if _prologue(nodes):  # the rows are computed from the row group's operand
-        values = [graph.inputs_of(_prologue(nodes)[0].name)[0], *values[1:]]
+        values = [_rows(graph, _prologue(nodes)), *values[1:]]
     a_dims, b_dims = _operand_dims(node)
     keys = {"m": "BLOCK_M", "n": "BLOCK_N", "k": "BLOCK_K"}
     found = []
@@ -195,7 +204,7 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
     values = graph.inputs_of(node.name)
     operand_t = graph.type_of(values[0])  # type: ignore[arg-type]
     if prologue:  # the rows are computed from the row group's operand as they are loaded
-        values = [graph.inputs_of(prologue[0].name)[0], *values[1:]]
+        values = [_rows(graph, prologue), *values[1:]]
     a_t, b_t = graph.type_of(values[0]), graph.type_of(values[1])  # type: ignore[arg-type]
     out = node.outputs[0]
     s = sizes(graph, node)
@@ -279,7 +288,7 @@ def _norm_lines(graph: Graph, norm: Node, a_load: str, k: int, params: list[Valu
         "    shift += tl.sum(d, axis=1)",
         "    square += tl.sum(d * d, axis=1)",
         f"shift = shift / {k}",
-        f"rstd = 1.0 / tl.sqrt(square / {k} - shift * shift + {eps!r})",
+        f"rstd = 1.0 / tl.sqrt(tl.maximum(square / {k} - shift * shift, 0.0) + {eps!r})",
         "mean = mean + shift",
     ]
     normalize = [f"    a = (a{widen} - mean[:, None]) * rstd[:, None]  # {norm.name} (LayerNormalization)"]
