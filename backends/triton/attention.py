@@ -6,13 +6,13 @@ group of the scores (MatMul(Q, K^T) and its elementwise epilogue: a scale, a pad
 added, a causal Where), a row group of one Softmax over the scores' last dim, alone or with
 one of two guards that give 0 for a row the softmax leaves NaN (torch's sdpa decomposition's
 Where(all(x == -inf), 0, p), the ONNX exporter's Where(IsNaN(p), 0, p)), and a matmul group of
-the product with V (and its epilogue). Each program holds BLOCK_M rows of Q whole (the head dim in one BLOCK_D block) and
-walks the keys BLOCK_N at a time with the online softmax: it keeps each row's running maximum
-m and sum l of exp(s - m), rescales its accumulator of P V when m grows, and divides by l at
-the end. The running maximum is read as 0 while a row has seen nothing but -inf, so a row
-masked off entirely gives l = 0: 0 / 0 = NaN as ONNX's Softmax gives, or 0 under a guard
-(GUARDS: such a row is exactly one whose l is 0, since any finite score contributes
-exp(0) = 1 to l).
+the product with V (and its epilogue). Each program holds BLOCK_M rows of Q whole (the head
+dim in one BLOCK_D block) and walks the keys BLOCK_N at a time with the online softmax: it
+keeps each row's running maximum m and sum l of exp(s - m), rescales its accumulator of P V
+when m grows, and divides by l at the end. The running maximum is read as 0 while a row has
+seen nothing but -inf, so a row masked off entirely gives l = 0: 0 / 0 = NaN as ONNX's
+Softmax gives, or 0 under a guard (GUARDS: such a row is exactly one whose l is 0, since any
+finite score contributes exp(0) = 1 to l).
 
 Grouped query attention repeats each key and value head for several query heads (an Expand
 between views: transformers' repeat_kv). The kernel reads K^T and V through those views and
@@ -178,7 +178,8 @@ def _mapped(graph: Graph, path: list[Node], index: list[str | None], prefix: str
     return index, lines
 
 
-def _guard(graph: Graph, where: Node, softmax: Node, x: Value, inside: dict[str, Node]) -> tuple[str, list[Node]] | None:
+def _guard(graph: Graph, where: Node, softmax: Node, x: Value, inside: dict[str, Node]
+           ) -> tuple[str, list[Node]] | None:
     """Which guard `where` = Where(cond, 0, softmax) is, and its condition's nodes: "masked"
     for torch's all(x == -inf) over the row, "nan" for the ONNX exporter's IsNaN(softmax)."""
     cond, fill, probs = graph.inputs_of(where.name)
@@ -305,7 +306,7 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
     s = sizes(graph, nodes)
     m, n, d, e = s["m"], s["n"], s["d"], s["e"]
     values = _operands(graph, p)
-    q_t, k_t, v_t = (graph.type_of(v) for v in values)
+    q_t, v_t = graph.type_of(values[0]), graph.type_of(values[2])
     batch_shape, batch = _batch(graph, nodes)
     (k_src, k_index, k_lines), (v_src, v_index, v_lines) = (
         _read(graph, value, path, _index(graph.type_of(value), batch, batch_shape, *matrix), prefix)

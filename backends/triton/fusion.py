@@ -20,9 +20,9 @@ value's only reader: the chain is then computed on the row in registers before t
 (the sdpa guard's Not(x == -inf) before its any, RMSNorm's square before its mean); the
 group's `head` counts the nodes before its anchor. A matmul computes the norm that gives
 its first operand likewise (a LayerNormalization, or RMSNorm's row group), where that norm's
-result is read by nothing else (pre-norm layers: the norm's kernel and its buffer go). A node of another kind that alone reads a
-group's result may end the group instead, writing its results (`Rules.ends`: the Split of
-GPT-2's query, key and value in their matmul's kernel).
+result is read by nothing else (pre-norm layers: the norm's kernel and its buffer go). A node
+of another kind that alone reads a group's result may end the group instead, writing its
+results (`Rules.ends`: the Split of GPT-2's query, key and value in their matmul's kernel).
 
 When a node joins a group and reads the result of another group that every reader of that
 result joins too, the other group merges into it where the template allows (`Rules.merges`:

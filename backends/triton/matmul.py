@@ -272,7 +272,8 @@ def _norm_lines(graph: Graph, norm: Node, a_load: str, k: int, params: list[Valu
     correct the mean and give 1 / sqrt(var + epsilon): two passes over k), and the lines that
     normalize a loaded block `a`, scaled and shifted, in the operand's dtype (lanes past k
     are 0: the scale and the shift are loaded as 0 there)."""
-    widen = "" if graph.type_of(graph.inputs_of(norm.name)[0]).dtype.name == "float32" else ".to(tl.float32)"  # type: ignore[arg-type]
+    x = graph.type_of(graph.inputs_of(norm.name)[0])  # type: ignore[arg-type]
+    widen = "" if x.dtype.name == "float32" else ".to(tl.float32)"
     eps = float(norm.attrs.get("epsilon", 1e-5))
     before = [
         "mean = tl.zeros((BLOCK_M,), dtype=tl.float32)",
@@ -297,7 +298,8 @@ def _norm_lines(graph: Graph, norm: Node, a_load: str, k: int, params: list[Valu
         value = values[slot] if len(values) > slot else None
         if value is not None:
             t = graph.type_of(value)
-            vector = f"tl.load({parameter(params, value)} + {offset(t, ['rk[None, :]'])}, mask=rk[None, :] < {k}, other=0.0)"
+            vector = (f"tl.load({parameter(params, value)} + {offset(t, ['rk[None, :]'])}, "
+                      f"mask=rk[None, :] < {k}, other=0.0)")
             normalize.append(f"    a = a {verb} {vector}{'' if t.dtype.name == 'float32' else '.to(tl.float32)'}"
                              f"  # {graph.value_name(value)}: {t}")
     if operand.dtype.name != "float32":
