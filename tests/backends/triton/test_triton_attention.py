@@ -1,8 +1,10 @@
 """The attention template (attention.py): softmax(Q K^T ...) V, the scores' epilogue, the
 softmax with or without its NaN guard and the product's epilogue are one kernel, that matches
-the NumPy backend running the nodes one by one (on fresh random inputs, sizes that divide no
-block, several key blocks, rows masked off entirely, packed and transposed operands, float16);
-a run it cannot hold stays three kernels; its launch configuration is checked."""
+the NumPy backend running the nodes one by one and NumPy references (on fresh random inputs,
+sizes that divide no block, several key blocks, rows masked off entirely, a NaN score,
+packed and transposed operands, float16 and bfloat16, grouped keys and values read through
+their Expand); a run it cannot hold stays three kernels; its launch configuration is checked
+and tuned."""
 from __future__ import annotations
 
 import re
