@@ -10,7 +10,9 @@ one index space; other operands may broadcast into it), each result but the last
 the region alone (so it never needs a buffer). Most regions are one node, the producer's
 only reader; a diamond is more: the safe softmax's Where(IsNaN(s), 0, s), SiLU's
 x * sigmoid(x), GPT-2's tanh GELU, which reads x three times. The region's other nodes then
-join the same group when their turn comes (`owed`). A template may let an epilogue widen to
+join the same group when their turn comes (`owed`). After a group that writes several results
+(a Split's parts), a region starts from all of them, where the template pairs them
+(templates.epilogue_shapes: LLaMA's SiLU(gate) * up after its gate and up projections). A template may let an epilogue widen to
 another shape (templates.epilogue_shapes): a reduction that keeps its dims goes on from its one
 value per row to the row (RMSNorm's x * rsqrt(mean(x * x) + eps)).
 
@@ -111,7 +113,7 @@ def _readers(graph: Graph, value: Value) -> set[str]:
     return {user for user, _ in graph.users(value)}
 
 
-def _region(graph: Graph, producer: Node, value: Value, shape: tuple[int, ...], is_free: Callable[[Node], bool],
+def _region(graph: Graph, producer: Node, values: list[Value], shape: tuple[int, ...], is_free: Callable[[Node], bool],
             position: dict[str, int]) -> list[Node] | None:
     """The nodes from `value`'s readers to the first one every path from `producer` passes
     through, in topological order, where all are free chain nodes (`is_free`) of `shape`
@@ -120,10 +122,10 @@ def _region(graph: Graph, producer: Node, value: Value, shape: tuple[int, ...], 
 
     Walked in topological order: `pending` holds the readers of the region's results not yet
     in it; the node whose turn leaves nothing pending closes the region."""
-    if not _first_result_only(graph, producer, value):
+    if len(values) == 1 and not _first_result_only(graph, producer, values[0]):
         return None
     region: list[Node] = []
-    pending = _readers(graph, value)
+    pending = set().union(*(_readers(graph, value) for value in values))
     while pending and len(region) < REGION_LIMIT:
         if not pending <= position.keys():
             return None  # a graph output
@@ -193,7 +195,9 @@ def group_nodes(graph: Graph, rules: Rules, fuse: bool = True) -> list[Group]:
                 group = owner.get(value.node) if value is not None else None
                 if group is None or group.nodes[-1].name != value.node:
                     continue
-                region = next(filter(None, (_region(graph, group.nodes[-1], value, shape, is_free, position)  # type: ignore[arg-type]
+                last = group.nodes[-1]
+                starts = [Value(last.name, k) for k in range(len(last.outputs))] if len(last.outputs) > 1 else [value]
+                region = next(filter(None, (_region(graph, last, starts, shape, is_free, position)  # type: ignore[list-item]
                                             for shape in rules.epilogue_shapes(graph, group))), None)
                 if region is not None:
                     assert region[0] is node, (region[0].name, node.name)

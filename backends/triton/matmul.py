@@ -9,7 +9,12 @@ logical extent, so padding of any kind never reaches the sum. The epilogue (Gemm
 beta*C; then the fused elementwise nodes: bias, activation, residual add, folded BatchNorm's
 scale and shift) runs on the accumulator before the one store, or, where a Split of the
 result along its rows or columns ends the group (GPT-2's query, key and value), before one
-masked store per part, each at its index in its part, through its part's encoding.
+masked store per part, each at its index in its part, through its part's encoding. Where
+elementwise nodes read every part of a Split into equal column parts at one index (LLaMA's
+SiLU(gate) * up of its merged gate and up projections: `pairs`), the kernel holds each
+part's columns of a block in an accumulator of its own (one tl.dot per part on the rows it
+loads once), runs the nodes before the Split once per part at that part's columns, then the
+nodes after it, and stores only their result.
 
 A norm of the rows that only this product reads (a pre-norm transformer's first Linear
 layers) is a prologue (`takes_prologue`): a LayerNormalization (GPT-2, ViT, CLIP, ConvNeXt),
@@ -153,10 +158,37 @@ def _splits(nodes: list[Node]) -> bool:
     return len(nodes) > 1 and nodes[-1].op == "Split"
 
 
+def _paired(nodes: list[Node]) -> tuple[Node, int] | None:
+    """The Split inside the group whose parts the nodes after it read side by side, and their
+    count (`pairs`), or None."""
+    found = [n for n in nodes[:-1] if n.op == "Split"]
+    return (found[0], len(found[0].outputs)) if found else None
+
+
+def pairs(graph: Graph, nodes: list[Node]) -> bool:
+    """Whether elementwise nodes after a MatMul whose Split cuts its columns into equal parts
+    may read every part at one index (LLaMA's SiLU(gate) * up of its merged gate and up
+    projections): the kernel then holds each part's columns of a block in its own accumulator
+    (one product per part, the rows loaded once), and the parts are never written."""
+    if not _splits(nodes) or anchor(nodes).op != "MatMul":
+        return False
+    parts = split.sizes(graph, nodes[-1]) or []
+    rank = nodes[-1].outputs[0].rank
+    return int(nodes[-1].attrs.get("axis", 0)) % rank == rank - 1 and len(parts) >= 2 and len(set(parts)) == 1
+
+
+def _columns(graph: Graph, nodes: list[Node]) -> int:
+    """The columns one part of the kernel's result has: the product's, or one part's where
+    the kernel holds its Split's parts side by side."""
+    paired = _paired(nodes)
+    n = int(anchor(nodes).outputs[0].shape[-1])
+    return n // paired[1] if paired else n
+
+
 def takes_split(graph: Graph, nodes: list[Node], node: Node) -> bool:
     """Whether Split `node` of the group's result ends the group: one the split template runs,
     along the result's rows or columns (the kernel then stores each part itself)."""
-    if node.op != "Split" or _splits(nodes) or not split.supports(graph, node):
+    if node.op != "Split" or any(n.op == "Split" for n in nodes) or not split.supports(graph, node):
         return False
     rank = nodes[-1].outputs[0].rank
     return int(node.attrs.get("axis", 0)) % rank >= rank - 2
@@ -172,7 +204,7 @@ def defaults(graph: Graph, nodes: list[Node], target: GpuTarget) -> dict[str, An
     """Blocks from the shapes (`filling_blocks`: up to 128 x 128, smaller where the grid would
     leave the GPU idle), BLOCK_K two tiles for 4-byte types, four for 2-byte ones."""
     node = anchor(nodes)
-    s = sizes(graph, node)
+    s = {**sizes(graph, node), "n": _columns(graph, nodes)}
     bm, bn = filling_blocks(s["m"], s["n"], _matrices(node.outputs[0]), target)
     tile = target.block
     itemsize = node.outputs[0].dtype.itemsize
@@ -207,13 +239,14 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
         values = [_rows(graph, prologue), *values[1:]]
     a_t, b_t = graph.type_of(values[0]), graph.type_of(values[1])  # type: ignore[arg-type]
     out = node.outputs[0]
-    s = sizes(graph, node)
+    paired = _paired(nodes)
+    count = paired[1] if paired else 1
+    s = {**sizes(graph, node), "n": _columns(graph, nodes)}
     batch_shape, batch = _batch(out)
     a_dims, b_dims = _operand_dims(node)
     a_loop = {"m": "rm[:, None]", "k": "rk[None, :]"}
-    b_loop = {"k": "rk[:, None]", "n": "rn[None, :]"}
     a_off = offset(a_t, _operand_index(a_t, a_dims, batch, batch_shape, a_loop))
-    b_off = offset(b_t, _operand_index(b_t, b_dims, batch, batch_shape, b_loop))
+    b_mask = f"(rk[:, None] < {s['k']}) & (rn[None, :] < {s['n']})"  # the columns of one part
     lines = swizzle(s["m"], s["n"])
     if batch:
         lines.append("batch = tl.program_id(1)")
@@ -235,23 +268,34 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
                                            operand_t)
         lines += before
         loaded = []  # the group's nodes load what they read
-    lines += [
-        "acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
-        f"for k0 in range(0, {s['k']}, BLOCK_K):",
-        "    rk = k0 + tl.arange(0, BLOCK_K)",
-        *loaded,
-        *normalize,
-        f"    b = tl.load(in1 + {b_off}, mask=({_bounds(b_loop, b_dims, s)}), other=0.0)"
-        f"  # {graph.value_name(values[1])}: {b_t}",
-    ]
+    accs = ["acc"] if count == 1 else [f"acc{j}" for j in range(count)]
+    columns = ["rn[None, :]"] + [f"(rn[None, :] + {j * s['n']})" for j in range(1, count)]
     precision = ", input_precision=PRECISION" if b_t.dtype.name == "float32" else ""
-    lines.append(f"    acc += tl.dot(a, b{precision})")
+    lines += [f"{acc} = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)" for acc in accs]
+    lines += [f"for k0 in range(0, {s['k']}, BLOCK_K):", "    rk = k0 + tl.arange(0, BLOCK_K)", *loaded, *normalize]
+    for j, (acc, cols) in enumerate(zip(accs, columns)):
+        b_off = offset(b_t, _operand_index(b_t, b_dims, batch, batch_shape, {"k": "rk[:, None]", "n": cols}))
+        tile = "b" if count == 1 else f"b_{j}"  # b0, b1, ...: the batch indices
+        lines += [f"    {tile} = tl.load(in1 + {b_off}, mask=({b_mask}), other=0.0)  # {graph.value_name(values[1])}: {b_t}",
+                  f"    {acc} += tl.dot(a, {tile}{precision})"]
     lines.append(f"mask = (rm[:, None] < {s['m']}) & (rn[None, :] < {s['n']})")
+    after = nodes[nodes.index(node) + 1:]
+    if paired:  # the nodes before the Split once per part, at its columns; then the rest on the parts
+        cut = after.index(paired[0])
+        env: dict[Value, str] = {}
+        for j, (acc, cols) in enumerate(zip(accs, columns)):
+            part = Loader(graph, batch + [M_IDX, cols], [*batch_shape, s["m"], s["n"] * count], "mask", params,
+                          blocks=[M_IDX, cols], prefix=f"c{j}_")
+            body, var = emit_chain(graph, after[:cut], part, {Value(node.name): acc}, prefix=f"p{j}_")
+            lines += body
+            env[Value(paired[0].name, j)] = var or acc
+        after = after[cut + 1:]
+    else:
+        env = {Value(node.name): "acc"}
     load = Loader(graph, batch + [M_IDX, N_IDX], [*batch_shape, s["m"], s["n"]], "mask", params, blocks=[M_IDX, N_IDX])
     lines += _gemm_epilogue(graph, node, values, load)
     parts = nodes[-1] if _splits(nodes) else None
-    after = nodes[nodes.index(node) + 1:]
-    body, var = emit_chain(graph, after[:-1] if parts else after, load, {Value(node.name): "acc"})
+    body, var = emit_chain(graph, after[:-1] if parts else after, load, env)
     lines += body
     var = var or "acc"
     if parts is None:
@@ -386,7 +430,7 @@ def _gemm_epilogue(graph: Graph, node: Node, values: list[Value | None], load: L
 
 def grid(graph: Graph, nodes: list[Node], config: dict[str, Any]) -> tuple[int, ...]:
     node = anchor(nodes)
-    s, out = sizes(graph, node), node.outputs[0]
+    s, out = {**sizes(graph, node), "n": _columns(graph, nodes)}, node.outputs[0]
     cells = -(-s["m"] // config["BLOCK_M"]) * -(-s["n"] // config["BLOCK_N"])
     return (cells, _matrices(out)) if out.rank > 2 else (cells,)
 

@@ -64,6 +64,10 @@ class Template:
     """The nodes outside a group of these `nodes` (of kinds `kind_of` says) that its kernel
     computes itself as it reads its operands (attention: GQA's Expand of K and V, and the views
     between), so that their kernels go."""
+    pairs: Callable[[Graph, Nodes], bool] = lambda graph, nodes: False
+    """Whether elementwise nodes after a kernel of these `nodes` that writes several results
+    (a Split's parts) may read them all at one index, in registers (a matmul's equal column
+    parts: LLaMA's SiLU(gate) * up)."""
     spans: Callable[[Graph, list[str], Nodes], bool] = lambda graph, kinds, nodes: False
     """Whether one kernel of this template runs a run of groups of `kinds`, each read by the
     next alone, whose nodes are `nodes` (attention: the scores' matmul, the softmax, the
@@ -118,7 +122,7 @@ TEMPLATES: dict[str, Template] = {
         "matmul", matmul.supports, matmul.kernel, matmul.grid, matmul.constexprs, matmul.defaults,
         keys=frozenset({"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "input_precision"}),
         tiles=matmul.tiles, results=matmul.results, epilogue=_always, ends=matmul.takes_split,
-        prologue=matmul.takes_prologue),
+        prologue=matmul.takes_prologue, pairs=matmul.pairs),
     "conv": Template(
         "conv", conv.supports, conv.kernel, conv.grid, conv.constexprs, conv.defaults,
         keys=frozenset({"BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "input_precision"}),
@@ -203,11 +207,13 @@ RULES: list[tuple[str, Callable[[Graph, Node], bool]]] = [
 
 def epilogue_shapes(graph: Graph, group: Any) -> list[tuple[int, ...]]:
     """The shapes of the elementwise nodes the kernel of `group` (a fusion.Group) may compute
-    after its last one: that node's, and the shape its template widens to (none where the
-    template's rule for its anchor says it takes no epilogue, or the kernel writes several
-    results)."""
+    after its last one: that node's (its first result's), and the shape its template widens
+    to (none where the template's rule for its anchor says it takes no epilogue, or the kernel
+    writes several results that the template does not pair)."""
     template = TEMPLATES.get(group.kind)
-    if template is None or not template.epilogue(graph, group.anchor) or len(template.results(group.nodes)) != 1:
+    if template is None or not template.epilogue(graph, group.anchor):
+        return []
+    if len(template.results(group.nodes)) != 1 and not template.pairs(graph, group.nodes):
         return []
     shapes = [tuple(int(d) for d in group.nodes[-1].outputs[0].shape)]
     wide = template.widens(graph, group.anchor)

@@ -6,7 +6,7 @@ results, pads in every mode, bool reductions, scans, the float64 helpers of libm
 remainders, bits and products, OneHot, TopK of every dtype it takes and of a row read in
 pieces, scatters by store, by atomics and by compare-and-swap on 16- and 32-bit words, a
 quantized conv stack's QuantizeLinear/DequantizeLinear in conv epilogues, flash attention
-in float16 and bfloat16, and layer norms as matmul prologues).
+in float16 and bfloat16, layer norms as matmul prologues, and a matmul's paired column parts).
 This catches what the interpreter accepts and the compiler does not."""
 from __future__ import annotations
 
@@ -252,7 +252,8 @@ def _half_attention(kit) -> Graph:
 
 
 def _normed_products(kit) -> Graph:
-    """Layer norms computed by the matmuls that read them (pre-norm layers), float32 and float16."""
+    """Layer norms computed by the matmuls that read them (pre-norm layers), and SiLU(gate) * up
+    of one product's two column halves, float32 and float16."""
     g = Graph("normed_products")
     rng = np.random.default_rng(6)
     for dtype in (np.float32, np.float16):
@@ -264,6 +265,12 @@ def _normed_products(kit) -> Graph:
                                                                   name=f"beta_{name}")], {"axis": -1})
         w = g.add_constant(rng.standard_normal((72, 48)).astype(dtype), name=f"w_{name}")
         g.add_output(kit.add(g, "Relu", [kit.add(g, "MatMul", [normed, w])]), f"y_{name}")
+        both = kit.add(g, "MatMul", [x, g.add_constant(rng.standard_normal((72, 64)).astype(dtype), name=f"wgu_{name}")])
+        halves = g.add_node("Split", [both, g.add_constant(np.array([32, 32], np.int64), name=f"halves_{name}")],
+                            [TensorType((3, 20, 32), dtype)] * 2, {"axis": -1})
+        gate, up = Value(halves.name, 0), Value(halves.name, 1)
+        silu = kit.add(g, "Mul", [gate, kit.add(g, "Sigmoid", [gate])])
+        g.add_output(kit.add(g, "Mul", [silu, up]), f"swiglu_{name}")
     return g
 
 

@@ -377,7 +377,7 @@ def test_a_split_of_a_matmul_s_result_ends_its_kernel(kit, device, axis, sizes, 
 
 def test_a_split_of_a_batch_dim_or_after_a_split_is_not_in_the_matmul_s_kernel(kit, device):
     """Only rows or columns split in the matmul's kernel; and a kernel that writes several
-    results takes no epilogue (the Relu reads the one part that is read)."""
+    results of unequal sizes takes no epilogue (the Relu reads the one part that is read)."""
     rng = np.random.default_rng(21)
     g = Graph("batch_split")
     y = kit.add(g, "MatMul", [g.add_input("x", TensorType((4, 5, 6), F32)),
@@ -386,9 +386,9 @@ def test_a_split_of_a_batch_dim_or_after_a_split_is_not_in_the_matmul_s_kernel(k
     g.add_output(Value("parts", 0), "first")
     columns = kit.add(g, "MatMul", [Value("parts", 1), g.add_constant(rng.standard_normal((7, 4)).astype(F32),
                                                                      name="w2")], name="mm2")
-    kit.add(g, "Split", [columns, g.add_constant(np.array([2, 2], np.int64), name="half_sizes")], {"axis": -1},
+    kit.add(g, "Split", [columns, g.add_constant(np.array([1, 3], np.int64), name="half_sizes")], {"axis": -1},
             name="halves")
-    g.add_output(kit.add(g, "Relu", [Value("halves", 0)], name="relu"), "relu")  # the other half unread
+    g.add_output(kit.add(g, "Relu", [Value("halves", 0)], name="relu"), "relu")  # the other part unread
     assert _kernels(g) == [["mm"], ["parts"], ["mm2", "halves"], ["relu"]]
     _check(kit, g, {"x": rng.standard_normal((4, 5, 6)).astype(F32)}, device)
 
@@ -504,3 +504,35 @@ def test_a_reduction_over_another_dim_or_read_elsewhere_is_not_a_matmul_prologue
     g.add_output(kit.add(g, "MatMul", [centered, g.add_constant(rng.standard_normal((16, 8)).astype(F32), name="w")],
                          name="mm"), "y")
     assert [k[-1] for k in _kernels(g)] == ["centered", "mm"]
+
+
+@pytest.mark.parametrize("parts, packed", [(2, False), (2, True), (3, False)])
+def test_elementwise_nodes_reading_equal_column_parts_of_a_matmul_are_its_epilogue(kit, device, parts, packed):
+    """LLaMA's SiLU(gate) * up of its merged gate and up projections (and a sum of three
+    parts): the kernel holds each part's columns of a block in an accumulator of its own, adds
+    each part's bias at its columns, and writes only the result (the parts never reach
+    memory); a weight and a result in 16x16 tiles too (columns per part that no block
+    divides)."""
+    rng = np.random.default_rng(parts)
+    width = 20
+    g = Graph("paired")
+    enc = PackedEncoding((0, 1), (16, 16)) if packed else None
+    w = rng.standard_normal((24, parts * width)).astype(F32)
+    weight = kit.packed_const(g, w, enc, "w") if packed else g.add_constant(w, name="w")
+    y = kit.add(g, "MatMul", [g.add_input("x", TensorType((2, 9, 24), F32)), weight], name="mm")
+    y = kit.add(g, "Add", [y, g.add_constant(rng.standard_normal(parts * width).astype(F32), name="b")], name="bias")
+    sizes = g.add_constant(np.full(parts, width, np.int64), name="sizes")
+    kit.add(g, "Split", [y, sizes], {"axis": -1}, name="parts")
+    if parts == 2:
+        gate = Value("parts", 0)
+        y = kit.add(g, "Mul", [kit.add(g, "Mul", [gate, kit.add(g, "Sigmoid", [gate], name="sig")], name="silu"),
+                               Value("parts", 1)], name="swiglu", encoding=PackedEncoding((1, 2), (16, 16)) if packed else None)
+    else:
+        y = kit.add(g, "Sum", [Value("parts", k) for k in range(parts)], name="total")
+    if packed:
+        y = kit.add(g, "Unpack", [y], name="unpack")
+    g.add_output(y, "y")
+    assert len(_kernels(g)) == 1 and _kernels(g)[0][:3] == ["mm", "bias", "parts"]
+    (plan,) = kernel_plans(g)
+    assert plan.source.count("tl.store") == 1 and plan.source.count("tl.dot") == parts
+    _check(kit, g, {"x": rng.standard_normal((2, 9, 24)).astype(F32)}, device, rtol=1e-4, atol=1e-5)
