@@ -12,9 +12,10 @@ only reader; a diamond is more: the safe softmax's Where(IsNaN(s), 0, s), SiLU's
 x * sigmoid(x), GPT-2's tanh GELU, which reads x three times. The region's other nodes then
 join the same group when their turn comes (`owed`). After a group that writes several results
 (a Split's parts), a region starts from all of them, where the template pairs them
-(templates.epilogue_shapes: LLaMA's SiLU(gate) * up after its gate and up projections). A template may let an epilogue widen to
-another shape (templates.epilogue_shapes): a reduction that keeps its dims goes on from its one
-value per row to the row (RMSNorm's x * rsqrt(mean(x * x) + eps)).
+(templates.epilogue_shapes: LLaMA's SiLU(gate) * up after its gate and up projections). A
+template may let an epilogue widen to another shape (templates.epilogue_shapes): a reduction
+that keeps its dims goes on from its one value per row to the row (RMSNorm's
+x * rsqrt(mean(x * x) + eps)).
 
 A row op whose template takes a prologue (a float or bool reduction, softmax, a norm: see
 templates.takes_prologue) joins the chain group that computes its operand, when it is that
