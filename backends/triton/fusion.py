@@ -142,16 +142,21 @@ def _region(graph: Graph, producer: Node, values: list[Value], shape: tuple[int,
     return None
 
 
-def _operand_group(graph: Graph, node: Node, owner: dict[str, Group]) -> Group | None:
-    """The group whose last node computes `node`'s first operand, read by `node` alone and
-    only there (None where none): its result can stay in registers in one kernel with `node`."""
+def _operand_group(graph: Graph, node: Node, owner: dict[str, Group], readers: set[str] | None = None
+                   ) -> Group | None:
+    """The group (not `node`'s own) whose last node computes `node`'s first operand, read only
+    by `readers` (by default by `node` alone, and only there); None where none: its result can
+    stay in registers in one kernel with `node`."""
     values = graph.inputs_of(node.name)
     value = values[0] if values else None
     group = owner.get(value.node) if value is not None else None
-    if group is None or group.nodes[-1].name != value.node:  # type: ignore[union-attr]
+    if group is None or group is owner.get(node.name) or group.nodes[-1].name != value.node:  # type: ignore[union-attr]
         return None
-    only_here = _readers(graph, value) == {node.name} and values.count(value) == 1  # type: ignore[arg-type]
-    return group if only_here and _first_result_only(graph, group.nodes[-1], value) else None  # type: ignore[arg-type]
+    if readers is None:
+        alone = _readers(graph, value) == {node.name} and values.count(value) == 1  # type: ignore[arg-type]
+    else:
+        alone = _readers(graph, value) <= readers  # type: ignore[arg-type]
+    return group if alone and _first_result_only(graph, group.nodes[-1], value) else None  # type: ignore[arg-type]
 
 
 def _merge(graph: Graph, node: Node, group: Group, rules: Rules, owner: dict[str, Group], owed: dict[str, Group]
@@ -228,22 +233,10 @@ def group_nodes(graph: Graph, rules: Rules, fuse: bool = True) -> list[Group]:
     return sorted(groups, key=lambda g: position[g.nodes[-1].name])
 
 
-def _feeding(graph: Graph, group: Group, owner: dict[str, Group]) -> Group | None:
-    """The group whose result is `group`'s anchor's first operand and is read inside `group`
-    alone, or None."""
-    values = graph.inputs_of(group.anchor.name)
-    value = values[0] if values else None
-    before = owner.get(value.node) if value is not None else None
-    if before is None or before is group or before.nodes[-1].name != value.node:  # type: ignore[union-attr]
-        return None
-    alone = _readers(graph, value) <= set(group.names) and _first_result_only(graph, before.nodes[-1], value)  # type: ignore[arg-type]
-    return before if alone else None
-
-
 def _span(graph: Graph, groups: list[Group], rules: Rules, owner: dict[str, Group], position: dict[str, int],
           kinds: dict[str, str]) -> None:
-    """Replace, in place, each run of up to SPAN_LIMIT groups (each the `_feeding` group of
-    the next) that one kernel runs (`rules.spans`) by one group of that kind: the longest run
+    """Replace, in place, each run of up to SPAN_LIMIT groups (each the `_operand_group` of
+    the next one's anchor, its result read inside the next one alone) that one kernel runs (`rules.spans`) by one group of that kind: the longest run
     ending at each group, in launch order, with the groups of the nodes it absorbs
     (`rules.absorbs`) where those groups hold nothing else. The run's first anchor stays the
     anchor."""
@@ -251,7 +244,10 @@ def _span(graph: Graph, groups: list[Group], rules: Rules, owner: dict[str, Grou
         if last not in groups:
             continue
         run = [last]
-        while len(run) < SPAN_LIMIT and (before := _feeding(graph, run[0], owner)) is not None:
+        while len(run) < SPAN_LIMIT:
+            before = _operand_group(graph, run[0].anchor, owner, set(run[0].names))
+            if before is None:
+                break
             run.insert(0, before)
         for start in range(len(run) - 1):
             nodes = sorted((n for g in run[start:] for n in g.nodes), key=lambda n: position[n.name])
