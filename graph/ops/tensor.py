@@ -379,13 +379,18 @@ def _slice_len(size: Dim, start: int, end: int, step: int, i: int) -> Dim:
         if step == 1 and end >= _INT_MAX and start >= 0:
             return dim_add(size, -start)
         return fresh("Slice", i)
+    start, end = slice_bounds(size, start, end, step)
+    return max(0, -(-(end - start) // step)) if step > 0 else max(0, -(-(start - end) // -step))
+
+
+def slice_bounds(size: int, start: int, end: int, step: int) -> tuple[int, int]:
+    """Slice's start and end along a dim of `size`, counted from the end where negative and
+    clamped as ONNX clamps them: the elements taken are range(start, end, step)."""
     start = start + size if start < 0 else start
     end = end + size if end < 0 else end
     if step > 0:
-        start, end = min(max(start, 0), size), min(max(end, 0), size)
-        return max(0, -(-(end - start) // step))
-    start, end = min(max(start, 0), size - 1), min(max(end, -1), size - 1)
-    return max(0, -(-(start - end) // -step))
+        return min(max(start, 0), size), min(max(end, 0), size)
+    return min(max(start, 0), size - 1), min(max(end, -1), size - 1)
 
 
 def _slice_infer(attrs, types, consts):

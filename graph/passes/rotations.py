@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import Graph, Node
+from ..ops.tensor import slice_bounds
 from ..types import TensorType, Value
 from .pipeline import Pass, PassResult
 
@@ -47,11 +48,7 @@ def _indices(graph: Graph, node: Node, axis: int) -> tuple[Value, np.ndarray] | 
     start, end, step = (int(v) for v in (starts[0], ends[0], steps[0]))
     if step == 0:
         return None
-    start, end = start + size if start < 0 else start, end + size if end < 0 else end
-    high = size if step > 0 else size - 1
-    start, end = min(max(start, 0), high), min(max(end, 0 if step > 0 else -1), high)
-    taken = np.arange(start, end, step)
-    return x, taken.astype(np.int64)
+    return x, np.arange(*slice_bounds(size, start, end, step), step, dtype=np.int64)
 
 
 def _piece(graph: Graph, value: Value, concat: Node, axis: int) -> tuple[Value, np.ndarray, bool] | None:
