@@ -36,7 +36,7 @@ from ...graph.types import Splat, TensorType, Value
 from ...layout.targets import GpuTarget
 from .codegen import jit_function
 from .elementwise import Loader, emit_chain, store_expr
-from .indexing import broadcast_index, is_float, next_pow2, offset, parameter, triton_dtype, unravel
+from .indexing import broadcast_index, is_float, next_pow2, offset, parameter, strides, triton_dtype, unravel
 
 HEAD_LIMIT = 256
 """The largest head dim (of Q and K, or of V) a program holds in one block."""
@@ -169,9 +169,8 @@ def _mapped(graph: Graph, path: list[Node], index: list[str | None], prefix: str
         elif node.op == "Expand":
             index = broadcast_index(t, index, [int(d) for d in out.shape])  # type: ignore[arg-type]
         else:
-            batch = [int(d) for d in out.shape[:-2]]
-            strides = [int(np.prod(batch[d + 1:], dtype=np.int64)) for d in range(len(batch))]
-            flat = " + ".join(f"{i} * {stride}" for i, stride in zip(index, strides) if i is not None) or "0"
+            steps = strides([int(d) for d in out.shape[:-2]])
+            flat = " + ".join(f"{i} * {step}" for i, step in zip(index, steps) if i is not None) or "0"
             names = [f"{prefix}{k}_{d}" for d in range(t.rank - 2)]
             lines += [f"{prefix}{k} = {flat}", *unravel(f"{prefix}{k}", [int(d) for d in t.shape[:-2]], names)]
             index = [*names, *index[-2:]]
@@ -243,10 +242,15 @@ def _operands(graph: Graph, p: Parts) -> tuple[Value, Value, Value]:
     return q, k, v  # type: ignore[return-value]
 
 
-def sizes(graph: Graph, nodes: list[Node]) -> dict[str, int]:
-    """The query rows m, the keys n, the head dims d (of Q and K) and e (of V)."""
+def _parts(graph: Graph, nodes: list[Node]) -> Parts:
+    """The roles of the nodes of a group `spans` accepted."""
     p = parts(graph, nodes)
-    assert p is not None
+    assert p is not None, [n.name for n in nodes]
+    return p
+
+
+def sizes(graph: Graph, p: Parts) -> dict[str, int]:
+    """The query rows m, the keys n, the head dims d (of Q and K) and e (of V)."""
     m, n = _matrix(p.scores.outputs[0])
     q = graph.type_of(_operands(graph, p)[0])
     return {"m": m, "n": n, "d": int(q.shape[-1]), "e": int(p.product.outputs[0].shape[-1])}
@@ -265,16 +269,14 @@ def spans(graph: Graph, kinds: list[str], nodes: list[Node]) -> bool:
         return False
     if not all(n.outputs[0].is_static and is_float(n.outputs[0]) for n in (p.scores, p.softmax, p.product)):
         return False
-    s = sizes(graph, nodes)
+    s = sizes(graph, p)
     batch = tuple(p.scores.outputs[0].shape[:-2])
     return s["d"] <= HEAD_LIMIT and s["e"] <= HEAD_LIMIT and tuple(p.product.outputs[0].shape[:-2]) == batch \
         and _matrix(types[1]) == (s["d"], s["n"]) and _matrix(types[2])[0] == s["n"]
 
 
-def _batch(graph: Graph, nodes: list[Node]) -> tuple[list[int], list[str]]:
+def _batch(p: Parts) -> tuple[list[int], list[str]]:
     """The batch dims of the scores (the grid's second axis) and their index names."""
-    p = parts(graph, nodes)
-    assert p is not None
     shape = [int(d) for d in p.scores.outputs[0].shape[:-2]]
     return shape, [f"b{d}" for d in range(len(shape))]
 
@@ -301,13 +303,12 @@ def _named(graph: Graph, value: Value, source: Value) -> str:
 def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Value]]:
     """Source of the attention kernel of `nodes` and its operand values (Q, K^T, V, then what
     the epilogues read)."""
-    p = parts(graph, nodes)
-    assert p is not None
-    s = sizes(graph, nodes)
+    p = _parts(graph, nodes)
+    s = sizes(graph, p)
     m, n, d, e = s["m"], s["n"], s["d"], s["e"]
     values = _operands(graph, p)
     q_t, v_t = graph.type_of(values[0]), graph.type_of(values[2])
-    batch_shape, batch = _batch(graph, nodes)
+    batch_shape, batch = _batch(p)
     (k_src, k_index, k_lines), (v_src, v_index, v_lines) = (
         _read(graph, value, path, _index(graph.type_of(value), batch, batch_shape, *matrix), prefix)
         for value, path, matrix, prefix in ((values[1], p.through[0], ("rd[:, None]", "rn[None, :]"), "kh"),
@@ -369,8 +370,9 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
 
 
 def grid(graph: Graph, nodes: list[Node], config: dict[str, Any]) -> tuple[int, ...]:
-    shape, _ = _batch(graph, nodes)
-    rows = -(-sizes(graph, nodes)["m"] // config["BLOCK_M"])
+    p = _parts(graph, nodes)
+    shape, _ = _batch(p)
+    rows = -(-sizes(graph, p)["m"] // config["BLOCK_M"])
     return (rows, int(np.prod(shape, dtype=np.int64))) if shape else (rows,)
 
 
@@ -386,8 +388,9 @@ FIRST_BLOCK = 64
 def defaults(graph: Graph, nodes: list[Node], target: GpuTarget) -> dict[str, Any]:
     """Query and key blocks of up to 64 rows (BLOCK_M halved towards the tile while the grid
     has fewer programs than the target wants), head dims whole; 4 warps."""
-    s = sizes(graph, nodes)
-    shape, _ = _batch(graph, nodes)
+    p = _parts(graph, nodes)
+    s = sizes(graph, p)
+    shape, _ = _batch(p)
     heads = int(np.prod(shape, dtype=np.int64))
     bm = min(FIRST_BLOCK, max(target.block, next_pow2(s["m"])))
     while heads * -(-s["m"] // bm) < target.programs and bm > target.block:
@@ -399,8 +402,7 @@ def defaults(graph: Graph, nodes: list[Node], target: GpuTarget) -> dict[str, An
 
 def tiles(graph: Graph, nodes: list[Node]) -> list[tuple[str, TensorType, int, str]]:
     """(what, type, dim, block key) for the matrix dims the kernel reads and writes."""
-    p = parts(graph, nodes)
-    assert p is not None
+    p = _parts(graph, nodes)
     found = []
     for what, value, path, keys in zip(("Q", "K^T", "V"), _operands(graph, p), ([], *p.through),
                                        (("BLOCK_M", "BLOCK_D"), ("BLOCK_D", "BLOCK_N"), ("BLOCK_N", "BLOCK_E"))):
@@ -416,7 +418,7 @@ def tiles(graph: Graph, nodes: list[Node]) -> list[tuple[str, TensorType, int, s
 
 def check(graph: Graph, nodes: list[Node], config: dict[str, Any]) -> str | None:
     """A head dim longer than its block: a program holds whole rows of Q and of V."""
-    s = sizes(graph, nodes)
+    s = sizes(graph, _parts(graph, nodes))
     for key, dim, what in (("BLOCK_D", "d", "Q and K"), ("BLOCK_E", "e", "V")):
         if config[key] < s[dim]:
             return f"{key}={config[key]} is shorter than the head dim of {what} ({s[dim]}; one block holds it)"

@@ -27,11 +27,12 @@ def physical_shape(t: TensorType) -> tuple[int, ...]:
     return shape if t.encoding is None else tuple(t.encoding.physical_shape(shape))
 
 
-def _strides(shape: Sequence[int]) -> list[int]:
-    strides = [1] * len(shape)
+def strides(shape: Sequence[int]) -> list[int]:
+    """Row-major strides, in elements, of a tensor of `shape`."""
+    found = [1] * len(shape)
     for i in range(len(shape) - 2, -1, -1):
-        strides[i] = strides[i + 1] * int(shape[i + 1])
-    return strides
+        found[i] = found[i + 1] * int(shape[i + 1])
+    return found
 
 
 def _term(index: str, stride: int) -> str:
@@ -54,13 +55,13 @@ def offset(t: TensorType, index: Sequence[str | None]) -> str:
         raise ValueError(f"{len(index)} indices for a rank-{len(shape)} tensor")
     terms: list[str] = []
     if t.encoding is None:
-        for i, stride in zip(index, _strides(shape)):
+        for i, stride in zip(index, strides(shape)):
             if i is not None and stride:
                 terms.append(_term(_paren(i), stride))
         return " + ".join(terms) or "0"
     enc: PackedEncoding = t.encoding
     phys = physical_shape(t)
-    strides = _strides(phys)
+    steps = strides(phys)
     rank = len(shape)
     outer_axis = {d: a for a, d in enumerate(enc.outer_perm(rank))}
     inner_axis = {d: rank + j for j, d in enumerate(enc.inner_dims_pos)}
@@ -72,11 +73,11 @@ def offset(t: TensorType, index: Sequence[str | None]) -> str:
         if d in tiles:
             tile = tiles[d]
             if phys[outer_axis[d]] > 1:
-                terms.append(_term(f"({_paren(i)} // {tile})", strides[outer_axis[d]]))
+                terms.append(_term(f"({_paren(i)} // {tile})", steps[outer_axis[d]]))
             if tile > 1:
-                terms.append(_term(f"({_paren(i)} % {tile})", strides[inner_axis[d]]))
+                terms.append(_term(f"({_paren(i)} % {tile})", steps[inner_axis[d]]))
         elif phys[outer_axis[d]] > 1:
-            terms.append(_term(_paren(i), strides[outer_axis[d]]))
+            terms.append(_term(_paren(i), steps[outer_axis[d]]))
         if len(terms) == before:  # a dim of one element: no address, but the index's block shape,
             terms.append(f"0 * {_paren(i)}")  # which a masked load or store needs in its pointer
     return " + ".join(terms) or "0"
@@ -102,9 +103,8 @@ def broadcast_index(t: TensorType, index: Sequence[str], out_shape: Sequence[int
 
 def unravel(flat: str, shape: Sequence[int], names: Sequence[str]) -> list[str]:
     """Lines `name_d = flat // stride % size` splitting a flat row-major index into dims."""
-    strides = _strides(shape)
     lines = []
-    for d, (name, size, stride) in enumerate(zip(names, shape, strides)):
+    for d, (name, size, stride) in enumerate(zip(names, shape, strides(shape))):
         expr = flat if stride == 1 else f"{flat} // {stride}"
         if d > 0:
             expr = f"{_paren(expr)} % {size}"
