@@ -99,12 +99,9 @@ class NumpyExecutable:
                 )
             elif node.op == INPUT:
                 self._inputs[node.name] = self._slot(Value(node.name))
-            elif node.op == OUTPUT:
-                src = g.inputs_of(node.name)[0]
-                assert src is not None
-                self._outputs.append((node.attrs["name"], self._slot(src)))
-            else:
+            elif node.op != OUTPUT:
                 compute.append(node)
+        self._outputs = [(name, self._slot(value)) for name, value in zip(g.output_names(), g.output_values())]
 
         end = len(compute)
         last_use: dict[int, int] = {}

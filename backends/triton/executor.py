@@ -71,7 +71,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ...graph.errors import InputError, TilefoldError, VerifyError, where
-from ...graph.graph import CONSTANT, INPUT, OUTPUT, Graph, Node
+from ...graph.graph import CONSTANT, INPUT, Graph, Node
 from ...graph.types import Splat, TensorType, Value, as_array
 from ...layout.encoding import unpack
 from ..devices import HOST, parse_device
@@ -267,8 +267,7 @@ class TritonExecutable:
                 self._consts[Value(node.name)] = node.attrs["value"]
             elif node.op == INPUT:
                 self._inputs[node.name] = Value(node.name)
-            elif node.op == OUTPUT:
-                self._outputs.append((node.attrs["name"], g.inputs_of(node.name)[0]))  # type: ignore[arg-type]
+        self._outputs = list(zip(g.output_names(), g.output_values()))  # as declared, not as run
         groups = kernel_groups(g, fuse)
         where_run = {group.output.node: self._group_device(group) for group in groups}
         self.schedule, self.views = _schedule(groups)

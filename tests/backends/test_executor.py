@@ -165,3 +165,19 @@ def test_a_node_with_optional_results_its_kernel_does_not_compute():
     np.testing.assert_allclose(NumpyExecutable(graph(False))({"x": x})["y"], want, rtol=1e-5, atol=1e-6)
     with pytest.raises(TilefoldError, match="bn.*computes 1 of the 3 results"):
         NumpyExecutable(graph(True))({"x": x})
+
+
+def test_outputs_come_back_in_the_order_the_graph_declares_them():
+    """Not in the order their nodes run: a pass may give the first output a value computed
+    by a node it adds (an Unpack)."""
+    g = Graph()
+    x = g.add_input("x", t(8, 5))
+    first = Value(g.add_node("Relu", [x], [t(8, 5)], name="first").name)
+    late = g.add_output(first, "late")
+    g.add_output(first, "early")
+    g.set_input(late.name, 0, Value(g.add_node("Neg", [first], [t(8, 5)], name="second").name))
+    assert [n.attrs["name"] for n in g.nodes() if n.op == "Output"] == ["early", "late"]
+    x_in = RNG.standard_normal((8, 5)).astype(F32)
+    got = NumpyExecutable(g)({"x": x_in})
+    assert list(got) == ["late", "early"]
+    np.testing.assert_array_equal(got["late"], -np.maximum(x_in, 0))

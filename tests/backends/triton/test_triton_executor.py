@@ -371,3 +371,16 @@ def test_a_transpose_that_moves_elements_is_a_kernel_not_a_view(kit, device):
     got = exe({"x": x})
     np.testing.assert_array_equal(got["t"], x.T)
     np.testing.assert_array_equal(got["r"], np.maximum(x.reshape(16, 96), 0))
+
+
+def test_outputs_come_back_in_the_order_the_graph_declares_them(kit):
+    g = Graph("two outputs")
+    x = g.add_input("x", TensorType((4, 6), F32))
+    first = kit.add(g, "Relu", [x], name="first")
+    late = g.add_output(first, "late")
+    g.add_output(first, "early")
+    g.set_input(late.name, 0, kit.add(g, "Neg", [first], name="second"))
+    x_in = np.random.default_rng(4).standard_normal((4, 6)).astype(F32)
+    got = TritonExecutable(g, device="interp")({"x": x_in})
+    assert list(got) == ["late", "early"]
+    np.testing.assert_array_equal(got["early"], np.maximum(x_in, 0))
