@@ -8,6 +8,7 @@ from tilefold.bench.models import bert, light_model, mlp, resnet50
 from tilefold.graph import Graph
 from tilefold.layout import optimize
 from tilefold.layout.encoding import PackedEncoding, canonical
+from tilefold.layout.targets import GpuTarget
 
 
 def moving_layout_ops(graph: Graph) -> list[str]:
@@ -128,3 +129,32 @@ def test_an_mlp_on_the_gpu_target_tiles_the_dims_the_tile_divides_and_computes_t
     x = np.random.default_rng(2).standard_normal((batch, 256)).astype(np.float32)
     np.testing.assert_allclose(tilefold.compile(result.after)({"x": x})["y"], tilefold.compile(g)({"x": x})["y"],
                                rtol=1e-4, atol=1e-4)
+
+
+class RowMajorWeights(GpuTarget):
+    weight_tiles = False
+
+
+def test_the_gpu_target_can_keep_weights_row_major(tmp_path):
+    """With `weight_tiles` off a Gemm's transposed (N, K) weight is stored turned, (K, N), at
+    compile time; the activations between the layers keep their tiles (the first layer reads
+    the input as it is) and nothing moves at run time."""
+    import numpy as np
+
+    from tilefold.bench.models import mlp_model
+
+    g = tilefold.load(mlp_model(batch=32, sizes=(64, 48, 32), seed=3, gemm=True))
+    after = optimize(g, RowMajorWeights("gpu-rows"), verify=True).after
+    gemms = [n for n in after.nodes() if n.op == "Gemm"]
+    assert len(gemms) == 2 and all(n.attrs.get("transB") == 1 for n in gemms)
+    assert [after.type_of(after.inputs_of(n.name)[0]).encoding for n in gemms] == [
+        None, PackedEncoding((0, 1), (16, 16))]
+    for gemm in gemms:
+        w = after.inputs_of(gemm.name)[1]
+        assert after.type_of(w).encoding == PackedEncoding((), (), (1, 0))
+        stored = np.asarray(after.constant_value(w))
+        assert stored.shape == tuple(reversed(after.type_of(w).shape))  # (K, N)
+    assert moving_layout_ops(after) == []
+    x = np.random.default_rng(4).standard_normal((32, 64)).astype(np.float32)
+    np.testing.assert_allclose(tilefold.compile(after)({"x": x})["y"], tilefold.compile(g)({"x": x})["y"],
+                               rtol=1e-5, atol=1e-5)

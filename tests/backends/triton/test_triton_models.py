@@ -54,6 +54,33 @@ def test_a_transformer_layer_computes_query_key_and_value_in_one_kernel(kit, dev
                      rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("name", ["mlp", "mlp_gemm", "transformer"])
+def test_weights_kept_row_major_match_onnxruntime(kit, device, name):
+    """The gpu target with `weight_tiles` off (bench/gpu.py measures both): the kernels read
+    (K, N) weights by rows, a Gemm's (N, K) weight turned at compile time, where the default
+    tiles them."""
+    from tilefold.layout.targets import GpuTarget
+
+    class RowMajorWeights(GpuTarget):
+        weight_tiles = False
+
+    model, shape = {"mlp": (mlp_model(batch=16, sizes=(32, 48, 16), seed=1), (16, 32)),
+                    "mlp_gemm": (mlp_model(batch=16, sizes=(32, 48, 16), seed=2, gemm=True), (16, 32)),
+                    "transformer": (kit.tiny_transformer(seq=16, dim=32, ff=48), (2, 16, 32))}[name]
+
+    def weight_tiles(g):
+        weights = [g.inputs_of(n.name)[1] for n in g.nodes() if n.op in ("MatMul", "Gemm")]
+        return [bool(g.type_of(w).encoding and g.type_of(w).encoding.inner_tiles) for w in weights
+                if g.node(w.node).op == CONSTANT]
+
+    g = tilefold.optimize(tilefold.load(model), RowMajorWeights("gpu-rows")).graph
+    assert weight_tiles(g) == [False] * len(weight_tiles(g)) != weight_tiles(tilefold.optimize(model, "gpu").graph)
+    x = np.random.default_rng(13).standard_normal(shape).astype(np.float32)
+    feed_name = model.graph.input[0].name
+    kit.assert_close(TritonExecutable(g, device=device)({feed_name: x}), kit.ort_outputs(model, {feed_name: x}),
+                     rtol=1e-4, atol=1e-5)
+
+
 def test_optimized_mlp_runs_one_kernel_per_layer(kit):
     g = tilefold.optimize(tilefold.load(mlp_model(batch=5, sizes=(32, 48, 7), seed=1)), "gpu").graph
     sources = kernel_sources(g)
