@@ -14,6 +14,9 @@ is faster).
    run launched step by step from Python (`replay=False`) beside the default, which replays
    each later run as one CUDA graph (backends/triton/replay.py): what launching costs.
 
+bench/ablate.py measures, end to end, the same weights row-major against tiled, and each of
+the fusions that are bets (a matmul's norm prologue, flash attention, SwiGLU's paired parts).
+
 `--tune N` also autotunes the packed matmul and the conv (backends/triton/autotune.py, up to N
 launch configurations each, nearest the defaults first) and prints the tuned row with the
 configuration it chose: whether tuning closes the gap to cuBLAS is measured, not assumed.

@@ -2,13 +2,14 @@
 # Every GPU check of issue 7 in one call, sized for a 15-minute device lease (a machine's start
 # takes 1-2 of them): one small model (stops the run if the backend cannot launch), the cuda
 # cases of the Triton tests and of the torch.compile backend's Triton tests (not the sm_80/sm_90
-# compile tests, which CI runs without a GPU), then
-# `python -m tilefold.bench.gpu`, each under its own time limit (the benchmark gets what the
-# tests leave of TOTAL_S).
+# compile tests, which CI runs without a GPU), then `python -m tilefold.bench.gpu`, then
+# `python -m tilefold.bench.ablate`, each under its own time limit (the benchmark gets what the
+# tests leave of TOTAL_S but ABLATE_S; the ablation what is left after it).
 # Logs go to $OUT (the device tool's folder) or ./gpu-check; bench/RESULTS.md says what to record.
 #
 #   bash bench/gpu_check.sh                      # on the lent machine: run(command="bash bench/gpu_check.sh", timeout_s=580)
 #   TESTS_S=120 TOTAL_S=300 BENCH_ARGS="--skip-templates --skip-inductor" bash bench/gpu_check.sh
+#   ABLATE_ARGS="--models llama" ABLATE_S=200 bash bench/gpu_check.sh
 set -uo pipefail
 start=$SECONDS
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -43,6 +44,11 @@ FAILURE_LOG="$out/failures.txt" timeout -s INT -k 20 "${TESTS_S:-270}" python3 -
     -p no:cacheprovider $per_test --tb=short -rfE -k "cuda and not cuda_compile" --junitxml="$out/tests.xml" > "$out/tests.log" 2>&1
 echo "tests exit $? after $((SECONDS - start)) s (124 or 130: stopped at ${TESTS_S:-270} s)"
 grep -E "^(FAILED|ERROR)|passed|failed" "$out/tests.log" | tail -40
-left=$(( ${TOTAL_S:-540} - (SECONDS - start) ))
+left=$(( ${TOTAL_S:-540} - ${ABLATE_S:-120} - (SECONDS - start) ))
 timeout -s INT -k 20 "$left" python3 -m tilefold.bench.gpu --repeat 10 ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.log"
 echo "bench exit ${PIPESTATUS[0]} after $((SECONDS - start)) s (124 or 130: stopped at $left s)"
+# Last, which of the gpu target's bets pay (bench/ablate.py), LLaMA first, in what is left: each row is
+# printed as it is measured, so a run stopped at the limit keeps the rows it made.
+left=$(( ${TOTAL_S:-540} - (SECONDS - start) ))
+timeout -s INT -k 20 "$left" python3 -m tilefold.bench.ablate --repeat 10 ${ABLATE_ARGS:-} 2>&1 | tee "$out/ablate.log"
+echo "ablation exit ${PIPESTATUS[0]} after $((SECONDS - start)) s (124 or 130: stopped at $left s)"

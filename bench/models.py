@@ -7,7 +7,8 @@
   taken by a Gather of a scalar index), with random weights.
 - `resnet50()` / `bert()`: transformers models built from their config with random weights
   (no download), exported with `torch.onnx.export(dynamo=True)` and cached on disk;
-  `resnet50_torch()` / `bert_torch()` build the identical eager modules.
+  `resnet50_torch()` / `bert_torch()` build the identical eager modules; `gpt2_torch()` and
+  `llama_torch()` decoders of the same size (eager only).
 - `light_model(name, random_weights=...)`: the model-zoo architectures shipped with onnx.
 - `qdq_cnn_model()`: a quantized (QuantizeLinear/DequantizeLinear) conv stack, exact in float32.
 
@@ -34,8 +35,8 @@ RESNET_INPUT = "pixel_values"
 BERT_INPUTS = ("input_ids", "attention_mask")
 
 __all__ = [
-    "LIGHT_MODELS", "bert", "bert_inputs", "bert_torch", "model_cache_dir", "data_inputs", "light_model",
-    "light_path", "light_reference", "mlp", "random_inputs", "resnet50", "resnet50_inputs",
+    "LIGHT_MODELS", "bert", "bert_inputs", "bert_torch", "gpt2_torch", "llama_torch", "model_cache_dir",
+    "data_inputs", "light_model", "light_path", "light_reference", "mlp", "random_inputs", "resnet50", "resnet50_inputs",
     "resnet50_torch", "static_shape",
 ]
 
@@ -284,13 +285,58 @@ def mobilenet_v2_torch() -> Any:
     return model.eval()
 
 
-def bert_torch() -> Any:
-    """transformers BERT-base (`BertConfig()`) with seeded random weights, eval mode."""
+def bert_torch(**config: Any) -> Any:
+    """transformers BERT-base (`BertConfig(**config)`) with seeded random weights, eval mode."""
     import transformers
 
     with _seeded_torch(TORCH_SEED):
-        model = transformers.BertModel(transformers.BertConfig())
+        model = transformers.BertModel(transformers.BertConfig(**config))
     return model.eval()
+
+
+def gpt2_torch(**config: Any) -> Any:
+    """transformers GPT-2 (`GPT2Config(**config)`; pre-norm LayerNorms, tanh GELU) with seeded
+    random weights, called as (input_ids, attention_mask) -> last hidden state, without the
+    key and value cache."""
+    import transformers
+
+    with _seeded_torch(TORCH_SEED):
+        model = transformers.GPT2Model(transformers.GPT2Config(**{"use_cache": False, **config}))
+    return _last_hidden_state(model)
+
+
+LLAMA_BASE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "num_key_value_heads": 4,
+              "intermediate_size": 2048, "vocab_size": 32000}
+"""A LLaMA of BERT-base's size, for `llama_torch` (LlamaConfig's default is 7B)."""
+
+
+def llama_torch(**config: Any) -> Any:
+    """transformers LLaMA (`LlamaConfig(**{**LLAMA_BASE, **config})`: RMSNorm, grouped query
+    attention, rotary embeddings, SwiGLU; sdpa attention) with seeded random weights, called
+    as (input_ids, attention_mask) -> last hidden state, without the key and value cache."""
+    import transformers
+
+    settings = {**LLAMA_BASE, "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "use_cache": False,
+                "attn_implementation": "sdpa", **config}
+    with _seeded_torch(TORCH_SEED):
+        model = transformers.LlamaModel(transformers.LlamaConfig(**settings))
+    return _last_hidden_state(model)
+
+
+def _last_hidden_state(model: Any) -> Any:
+    """`model` (a transformers decoder) as a module of (input_ids, attention_mask) returning its
+    last hidden state alone: what torch.export traces (no cache object in the outputs)."""
+    import torch
+
+    class LastHiddenState(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids: Any, attention_mask: Any) -> Any:
+            return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+
+    return LastHiddenState().eval()
 
 
 def resnet50_inputs(rng: np.random.Generator, batch: int = 1, size: int = 224) -> dict[str, np.ndarray]:

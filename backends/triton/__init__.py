@@ -5,6 +5,7 @@
     for names, source in kernel_sources(graph): print(source)
     kernel_listing(graph)                             # nodes, template, launch config, source
     set_launch(graph, "matmul0", BLOCK_M=64, num_warps=8); verify_launch(graph)
+    TritonExecutable(graph, fuse=Fusion(spans=False))  # one of the fusions off, to measure it
     autotune(graph, {"x": x})                         # writes the fastest configs onto the nodes
 
 Templates, one module per family: matmul.py (MatMul/Gemm), conv.py (implicit-GEMM Conv), both
@@ -18,9 +19,10 @@ of a graph for a CUDA GPU without one.
 """
 from .autotune import autotune
 from .executor import TritonExecutable, kernel_listing, kernel_sources
+from .fusion import Fusion
 from .launch import set_launch, verify_launch
 from .listing import KernelListing, ListedKernel
 from .templates import supported_ops, supports
 
-__all__ = ["KernelListing", "ListedKernel", "TritonExecutable", "autotune", "kernel_listing", "kernel_sources",
+__all__ = ["Fusion", "KernelListing", "ListedKernel", "TritonExecutable", "autotune", "kernel_listing", "kernel_sources",
            "set_launch", "supported_ops", "supports", "verify_launch"]

@@ -77,7 +77,7 @@ from ...layout.encoding import unpack
 from ..devices import HOST, parse_device
 from ..plan import MemoryPlan, plan_memory
 from . import codegen
-from .fusion import Group
+from .fusion import Fusion, Group
 from .indexing import physical_shape
 from .launch import config as launch_config, kernel_groups, verify_launch
 from .listing import KernelListing, ListedKernel
@@ -128,7 +128,7 @@ def plan_group(graph: Graph, group: Group) -> codegen.KernelPlan:
         config=launch_config(graph, group))
 
 
-def kernel_plans(graph: Graph, *, fuse: bool = True,
+def kernel_plans(graph: Graph, *, fuse: bool | Fusion = True,
                  shapes: Mapping[str, tuple[int, ...]] | None = None) -> list[codegen.KernelPlan]:
     """Every kernel the graph runs, in launch order; `shapes` (input name -> shape)
     specializes a graph with symbolic dims first."""
@@ -137,13 +137,13 @@ def kernel_plans(graph: Graph, *, fuse: bool = True,
     return [plan_group(graph, g) for g in kernel_groups(graph, fuse) if g.kind in TEMPLATES]
 
 
-def kernel_sources(graph: Graph, *, fuse: bool = True,
+def kernel_sources(graph: Graph, *, fuse: bool | Fusion = True,
                    shapes: Mapping[str, tuple[int, ...]] | None = None) -> list[tuple[list[str], str]]:
     """(node names, generated source) of every kernel the graph runs, in launch order."""
     return [(plan.nodes, plan.source) for plan in kernel_plans(graph, fuse=fuse, shapes=shapes)]
 
 
-def kernel_listing(graph: Graph, *, fuse: bool = True,
+def kernel_listing(graph: Graph, *, fuse: bool | Fusion = True,
                    shapes: Mapping[str, tuple[int, ...]] | None = None) -> KernelListing:
     """Every kernel the graph runs with its nodes, template, launch configuration and source;
     a configuration the executor would refuse raises VerifyError here too."""
@@ -165,7 +165,7 @@ def _schedule(groups: list[Group]) -> tuple[list[list[str]], set[str]]:
     return [group.names for group in groups], {group.anchor.name for group in groups if group.kind == "view"}
 
 
-def executor_memory(graph: Graph, dims: Mapping[str, int] | None = None, fuse: bool = True) -> MemoryPlan:
+def executor_memory(graph: Graph, dims: Mapping[str, int] | None = None, fuse: bool | Fusion = True) -> MemoryPlan:
     """The memory plan a TritonExecutable of this placed graph allocates: planned with its
     schedule (a fused kernel group reads and writes at one step) and its views, which the
     graph-order plan (`plan_memory(graph)`) does not know about."""
@@ -218,10 +218,10 @@ class TritonExecutable:
     on the GPU; "interp" (or "interp:N") runs the same kernels with Triton's interpreter on the
     CPU, for testing without a GPU (slow: small shapes only). Nodes placed on other Triton
     devices run there, nodes placed on `cpu` on the NumPy backend. `fuse=False` gives every node
-    its own kernel. `memory`: a memory plan to use instead of planning one (for tests and
+    its own kernel, a `Fusion` turns some fusions off. `memory`: a memory plan to use instead of planning one (for tests and
     debugging: it must plan this graph's schedule, `schedule` and `views`)."""
 
-    def __init__(self, graph: Graph, *, device: str = "cuda", fuse: bool = True, verify: bool = True,
+    def __init__(self, graph: Graph, *, device: str = "cuda", fuse: bool | Fusion = True, verify: bool = True,
                  allow_fallback: bool = True, memory: MemoryPlan | None = None, replay: bool = True) -> None:
         self.graph = graph
         default = triton_device(device)
@@ -258,7 +258,7 @@ class TritonExecutable:
         return {name: d.arena for name, d in self.devices.items() if d.arena is not None}
 
     # ---- compile ---------------------------------------------------------------------------------
-    def _compile(self, fuse: bool, allow_fallback: bool, memory: MemoryPlan | None) -> None:
+    def _compile(self, fuse: bool | Fusion, allow_fallback: bool, memory: MemoryPlan | None) -> None:
         import torch
 
         g = self.graph

@@ -47,7 +47,7 @@ member is ready by then, and every result a group does not write is read inside 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from ...graph.graph import CONSTANT, INPUT, OUTPUT, Graph, Node
@@ -81,6 +81,39 @@ class Rules:
     ends: Callable[[Graph, "Group", Node], bool]
     spans: Callable[[Graph, list[str], list[Node]], "str | None"] = lambda graph, kinds, nodes: None
     absorbs: Callable[[Graph, "Group", Callable[[Node], str]], list[Node]] = lambda graph, group, kind_of: []
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """The fusions beyond epilogues and chains, all on by default. Each is a bet on a GPU's
+    costs (work repeated inside a kernel against a launch and a buffer's trip through memory)
+    that bench/ablate.py measures by turning it off:
+    - `prologues`: an anchor computes the group that gives its operand (a matmul its operand's
+      LayerNorm or RMSNorm; a row op the chain before it, a residual Add before a LayerNorm).
+      True: every kind of anchor whose template takes one; a set of kinds: those only; False:
+      none.
+    - `spans`: a run of groups as one kernel (flash attention).
+    - `pairs`: the elementwise nodes that read several results of one kernel, as its epilogue
+      (SwiGLU after LLaMA's merged gate and up projections)."""
+
+    prologues: bool | frozenset[str] = True
+    spans: bool = True
+    pairs: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.prologues, bool):
+            object.__setattr__(self, "prologues", frozenset(self.prologues))
+
+    def rules(self, rules: Rules) -> Rules:
+        """`rules` with the fusions that are off refused."""
+        prologue, shapes, kinds = rules.takes_prologue, rules.epilogue_shapes, self.prologues
+        return replace(
+            rules,
+            takes_prologue=lambda graph, kind, node, before: (
+                (kinds is True or (kinds is not False and kind in kinds)) and prologue(graph, kind, node, before)),
+            spans=rules.spans if self.spans else lambda graph, kinds, nodes: None,
+            epilogue_shapes=shapes if self.pairs else
+            lambda graph, group: shapes(graph, group) if len(group.nodes[-1].outputs) == 1 else [])
 
 
 @dataclass
@@ -180,9 +213,12 @@ def _merge(graph: Graph, node: Node, group: Group, rules: Rules, owner: dict[str
     return found
 
 
-def group_nodes(graph: Graph, rules: Rules, fuse: bool = True) -> list[Group]:
+def group_nodes(graph: Graph, rules: Rules, fuse: bool | Fusion = True) -> list[Group]:
     """The graph's compute nodes grouped into kernels, in a valid launch order (see the module
-    docstring; `rules` are the templates')."""
+    docstring; `rules` are the templates'); `fuse` False gives every node its own kernel, a
+    `Fusion` turns some fusions off."""
+    if isinstance(fuse, Fusion):
+        rules = fuse.rules(rules)
     order = [n for n in graph.nodes() if n.op not in (INPUT, OUTPUT, CONSTANT)]
     position = {n.name: i for i, n in enumerate(order)}
     kinds = {n.name: rules.classify(graph, n) for n in order}  # once: a view's check packs indices

@@ -20,7 +20,7 @@ from typing import Any
 from ...graph.errors import VerifyError, where
 from ...graph.graph import Graph, Node
 from ...layout.targets import GpuTarget, get_target
-from .fusion import Group, Rules, group_nodes
+from .fusion import Fusion, Group, Rules, group_nodes
 from .templates import TEMPLATES, absorbs, classify, ends, epilogue_shapes, merges, spans, takes_prologue
 
 
@@ -80,11 +80,11 @@ def check(graph: Graph, group: Group, chosen: dict[str, Any]) -> None:
         raise VerifyError(f"{where(anchor)}: launch {problem}")
 
 
-def kernel_groups(graph: Graph, fuse: bool = True) -> list[Group]:
+def kernel_groups(graph: Graph, fuse: bool | Fusion = True) -> list[Group]:
     return group_nodes(graph, Rules(classify, epilogue_shapes, takes_prologue, merges, ends, spans, absorbs), fuse)
 
 
-def verify_launch(graph: Graph, fuse: bool = True) -> None:
+def verify_launch(graph: Graph, fuse: bool | Fusion = True) -> None:
     """Check every kernel's configuration against its nodes' encodings (VerifyError)."""
     groups = [g for g in kernel_groups(graph, fuse) if g.kind in TEMPLATES]
     for group in groups:

@@ -1,10 +1,11 @@
-"""bench/gpu.py: one line and status 0 without CUDA; its template part runs under the interpreter."""
+"""bench/gpu.py and bench/ablate.py: one line and status 0 without CUDA; their smoke runs
+under the interpreter."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tilefold.bench import gpu
+from tilefold.bench import ablate, gpu
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: the benchmark would run for real")
@@ -39,3 +40,28 @@ def test_tuned_rows_say_what_autotuning_chose(capsys):
     tuned = [line for line in out.splitlines() if "tuned (" in line]
     assert len(tuned) == 2 and all("BLOCK" in line and "num_warps=" in line for line in tuned)
     assert tuned[0].startswith("matmul") and "conv" in tuned[1]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is present: the benchmark would run for real")
+def test_ablation_without_cuda_one_line_and_status_zero(capsys):
+    assert ablate.main(["--models", "llama"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "no CUDA GPU" in out
+
+
+def test_ablation_runs_each_bet_off_under_the_interpreter(capsys):
+    """bench/ablate.py on a small LLaMA: every variant differs from the default there (its
+    norm prologues, attention and SwiGLU pair are all fused), each is timed against the
+    default, and each computes what the default computes."""
+    assert ablate.main(["--device", "interp", "--models", "llama"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("llama, ")]
+    assert [row.split("  ")[0].removeprefix("llama, ").strip() for row in rows] == [
+        label for label, _, _ in ablate.VARIANTS]
+    for row in rows:
+        assert "ratio" in row and float(row.split("difference from the default ")[1]) < 1e-5
+
+
+def test_ablation_refuses_an_unknown_model():
+    with pytest.raises(SystemExit):
+        ablate.main(["--models", "llama,t5"])

@@ -236,6 +236,19 @@ def test_a_llama_layer_runs_rotary_and_grouped_attention_in_few_kernels(kit):
     product is one kernel with its rotate_half (a Gather) and the keys' scale (hoisted before
     repeat_kv's Expand); the attention reads the unrepeated keys and values, so no Slice,
     Concat or Expand runs a kernel of its own; the output matches eager PyTorch."""
+    model, ids, mask, graph = _llama_layer()
+    plans = kernel_plans(graph)
+    alone = {graph.node(plan.nodes[0]).op for plan in plans if len(plan.nodes) == 1}
+    assert not alone & {"Slice", "Concat", "Expand", "Mul"}
+    assert [plan.kind for plan in plans].count("attention") == 1
+    rotary = [plan for plan in plans if any(graph.node(n).op == "Gather" for n in plan.nodes) and plan.kind == "chain"]
+    assert len(rotary) == 2 and all(len(plan.nodes) >= 5 for plan in rotary)
+    _assert_llama_matches_eager(TritonExecutable(graph, device="interp"), model, ids, mask)
+
+
+def _llama_layer():
+    """One LLaMA layer (GQA, rotary, SwiGLU, RMSNorm), its inputs (one row padded) and its
+    gpu-optimized graph."""
     import torch
     import transformers
 
@@ -246,19 +259,53 @@ def test_a_llama_layer_runs_rotary_and_grouped_attention_in_few_kernels(kit):
     ids = torch.from_numpy(np.random.default_rng(16).integers(3, 50, (2, 16)))
     mask = torch.ones(2, 16, dtype=torch.long)
     mask[1, 12:] = 0
-    graph = tilefold.optimize(tilefold.from_torch(model, (ids, mask)), "gpu").graph
-    plans = kernel_plans(graph)
-    alone = {graph.node(plan.nodes[0]).op for plan in plans if len(plan.nodes) == 1}
-    assert not alone & {"Slice", "Concat", "Expand", "Mul"}
-    assert [plan.kind for plan in plans].count("attention") == 1
-    rotary = [plan for plan in plans if any(graph.node(n).op == "Gather" for n in plan.nodes) and plan.kind == "chain"]
-    assert len(rotary) == 2 and all(len(plan.nodes) >= 5 for plan in rotary)
-    exe = TritonExecutable(graph, device="interp")
-    (got,) = exe(dict(zip(graph.input_types(), (ids.numpy(), mask.numpy())))).values()
+    return model, ids, mask, tilefold.optimize(tilefold.from_torch(model, (ids, mask)), "gpu").graph
+
+
+def _assert_llama_matches_eager(exe, model, ids, mask):
+    import torch
+
+    (got,) = exe(dict(zip(exe.graph.input_types(), (ids.numpy(), mask.numpy())))).values()
     with torch.no_grad():
         want = model(ids, mask).last_hidden_state
     np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-5)
     assert exe.fallback_nodes == []
+
+
+@pytest.mark.parametrize("off, kinds_gone", [
+    ({"prologues": False}, {"matmul_with_norm", "reduce_with_prologue"}),
+    ({"prologues": {"reduce"}}, {"matmul_with_norm"}),
+    ({"spans": False}, {"attention"}),
+    ({"pairs": False}, {"matmul_with_swiglu"}),
+])
+def test_each_fusion_that_bench_ablate_measures_can_be_turned_off(off, kinds_gone):
+    """`Fusion(prologues=False)`: the RMSNorms run as kernels of their own before the
+    products, and their squares before their means; `prologues={"reduce"}`: only the first;
+    `spans=False`: the scores, softmax and product with V as three kernels; `pairs=False`:
+    SiLU(gate) * up after the merged gate and up projection's kernel. Each costs launches, and
+    the layer still matches eager PyTorch."""
+    from tilefold.backends.triton import Fusion
+    from tilefold.backends.triton.launch import kernel_groups
+
+    model, ids, mask, graph = _llama_layer()
+
+    def kinds(fuse):
+        found = set()
+        for group in kernel_groups(graph, fuse):
+            ops = [n.op for n in group.nodes]
+            found.add(group.kind)
+            if group.kind == "matmul" and group.head:
+                found.add("matmul_with_norm")
+            if group.kind == "reduce" and group.head:
+                found.add("reduce_with_prologue")
+            if group.kind == "matmul" and "Sigmoid" in ops:
+                found.add("matmul_with_swiglu")
+        return found
+
+    fusion = Fusion(**off)
+    assert kinds_gone <= kinds(True) and not kinds_gone & kinds(fusion)
+    assert len(kernel_plans(graph, fuse=fusion)) > len(kernel_plans(graph))
+    _assert_llama_matches_eager(TritonExecutable(graph, device="interp", fuse=fusion), model, ids, mask)
 
 
 def _linear_block(batch: int):
