@@ -44,6 +44,9 @@ hold nothing else (`Rules.absorbs`: GQA's Expand of the keys and values, and the
 A group runs at the place of its last node in the topological order: every operand of every
 member is ready by then, and every result a group does not write is read inside it alone
 (checked).
+
+Prologues, spans and paired parts are bets on a GPU's costs; `Fusion` turns each off, for
+bench/ablate.py to measure.
 """
 from __future__ import annotations
 
