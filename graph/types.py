@@ -27,6 +27,11 @@ class Encoding(Protocol):
         ...
 
 
+def is_float_dtype(dtype: np.dtype) -> bool:
+    """A floating-point element type, bfloat16 included (ml_dtypes': NumPy's kind "V")."""
+    return dtype.kind == "f" or dtype.name == "bfloat16"
+
+
 @dataclass(frozen=True)
 class TensorType:
     """Logical shape, element type and physical encoding (None = identity, row-major)."""

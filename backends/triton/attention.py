@@ -17,7 +17,10 @@ finite score contributes exp(0) = 1 to l).
 Grouped query attention repeats each key and value head for several query heads (an Expand
 between views: transformers' repeat_kv). The kernel reads K^T and V through those views and
 the Expand (`read_through`: the query head's batch index mapped back to its key head's), so the
-repeated tensors are never written and the Expands' kernels go (`absorbs`).
+repeated tensors are never written and the Expands' kernels go (`absorbs`). Likewise it
+computes the float Casts and scalar scales on the way to Q, K^T or V on the tiles it loads:
+a float16 or bfloat16 model's attention traced on the CPU upcasts Q, K and V to float32 and
+scales Q and K before the scores, three kernels a layer otherwise.
 
 Scores and statistics are float32; Q, K and V are read in their storage dtype through their
 encodings (tiled heads, a transposed K), and float16 or bfloat16 probabilities are narrowed
@@ -51,6 +54,7 @@ KINDS = ("matmul", "reduce", "matmul")
 """The kinds of the groups an attention kernel replaces, in order."""
 
 MOVES = frozenset({*RESHAPES, "Transpose", "Expand"})
+VIEWS = MOVES - {"Expand"}
 
 
 @dataclass(frozen=True)
@@ -65,8 +69,8 @@ class Parts:
     gives 0)."""
     product: Node
     epilogue: list[Node]
-    through: tuple[list[Node], list[Node]] = ([], [])
-    """The views and Expand the kernel reads K^T, and V, through (`read_through`)."""
+    through: tuple[list[Node], list[Node], list[Node]] = ([], [], [])
+    """The nodes the kernel reads Q, K^T and V through (`read_through`)."""
 
 
 def _constant(graph: Graph, value: Value | None) -> float | None:
@@ -132,26 +136,62 @@ def _keeps_matrix(graph: Graph, node: Node) -> bool:
     return tuple(t.shape[-2:]) == tuple(out.shape[-2:])
 
 
+def _pointwise_operand(graph: Graph, node: Node) -> Value | None:
+    """The operand of a float Cast, or of a Mul or Div by a scalar constant, which the node
+    maps element by element (a kernel applies it to a tile it loaded, at any index); None for
+    any other node."""
+    values, out = graph.inputs_of(node.name), node.outputs[0]
+    if not is_float(out) or None in values:
+        return None
+    if node.op == "Cast":
+        return values[0] if is_float(graph.type_of(values[0])) else None  # type: ignore[arg-type]
+    if node.op not in ("Mul", "Div") or len(values) != 2:
+        return None
+    for slot in (0, 1) if node.op == "Mul" else (0,):
+        x, c = values[slot], values[1 - slot]
+        scalar = graph.type_of(c)  # type: ignore[arg-type]
+        if graph.constant_value(c) is not None and scalar.is_static and \
+                int(np.prod(scalar.shape, dtype=np.int64)) == 1 and graph.type_of(x).shape == out.shape:  # type: ignore[arg-type]
+            return x
+    return None
+
+
+def _step(graph: Graph, node: Node) -> Value | None:
+    """The value `read_through` goes on to from `node`, or None where it stops there."""
+    if node.op in MOVES:
+        return graph.inputs_of(node.name)[0] if _keeps_matrix(graph, node) else None
+    return _pointwise_operand(graph, node)
+
+
+def _computing(path: list[Node]) -> list[Node]:
+    """`path` without the views at its end: reading a view's own buffer costs nothing."""
+    end = len(path)
+    while end and path[end - 1].op in VIEWS:
+        end -= 1
+    return path[:end]
+
+
 def read_through(graph: Graph, value: Value | None, inside: Callable[[Node], bool]) -> list[Node]:
-    """The views (Transposes, reshapes) and the one Expand, each read by the next alone, from
-    operand `value` back to the Expand, where `inside` takes them all and each keeps the matrix
-    dims (GQA's keys and values, repeated for every query head: Expand, Reshape, Transpose):
-    the kernel reads the Expand's operand at the index they map its own to, and the repeated
-    tensor is never written. [] where there is no such Expand."""
+    """The nodes, each read by the next alone and taken by `inside`, from operand `value` back
+    through views and Expands that keep the matrix dims and through float Casts and scalar
+    Muls and Divs (`_pointwise_operand`), up to the last Expand or pointwise node ([] where
+    there is none): the kernel loads the first one's operand at the index they map its own to
+    and applies the pointwise nodes to the tile. GQA's keys and values, repeated for every
+    query head (Expand, Reshape, Transpose), are then never written, nor a half-precision
+    model's Q, K and V upcast and scaled."""
     path: list[Node] = []
     while value is not None and value.slot == 0 and len(graph.users(value)) == 1:
         node = graph.node(value.node)
-        if node.op not in MOVES or not inside(node) or not _keeps_matrix(graph, node):
-            return []
+        following = _step(graph, node) if inside(node) else None
+        if following is None:
+            break
         path.append(node)
-        if node.op == "Expand":
-            return path
-        value = graph.inputs_of(node.name)[0]
-    return []
+        value = following
+    return _computing(path)
 
 
 def _source(graph: Graph, value: Value, path: list[Node]) -> Value:
-    return graph.inputs_of(path[-1].name)[0] if path else value  # type: ignore[return-value]
+    return _step(graph, path[-1]) if path else value  # type: ignore[return-value]
 
 
 def _mapped(graph: Graph, path: list[Node], index: list[str | None], prefix: str
@@ -160,6 +200,8 @@ def _mapped(graph: Graph, path: list[Node], index: list[str | None], prefix: str
     that compute the batch indices a reshape regroups (named `prefix` and numbers)."""
     lines: list[str] = []
     for k, node in enumerate(path):
+        if node.op not in MOVES:
+            continue  # a pointwise node keeps the index
         t, out = graph.type_of(graph.inputs_of(node.name)[0]), node.outputs[0]  # type: ignore[arg-type]
         if node.op == "Transpose":
             moved: list[str | None] = [None] * t.rank
@@ -198,13 +240,16 @@ def parts(graph: Graph, nodes: list[Node]) -> Parts | None:
     Softmax (or a guard's Where after it) the second's first operand, and nothing else but
     that one's epilogue."""
     products = [n for n in nodes if n.op == "MatMul"]
+    if len(products) != 2:
+        return None
     names = {n.name for n in nodes}
-    paths = tuple(read_through(graph, graph.inputs_of(n.name)[1], lambda n: n.name in names) for n in products)
+    operands = [graph.inputs_of(products[0].name)[0], *(graph.inputs_of(n.name)[1] for n in products)]
+    paths = tuple(read_through(graph, value, lambda n: n.name in names) for value in operands)
     through = {n.name for path in paths for n in path}
     nodes = [n for n in nodes if n.name not in through]
     inside = {n.name: n for n in nodes}
     softmaxes = [n for n in nodes if n.op == "Softmax"]
-    if len(products) != 2 or len(softmaxes) != 1 or nodes[0] is not products[0]:
+    if len(softmaxes) != 1 or nodes[0] is not products[0]:
         return None
     scores, product, softmax = products[0], products[1], softmaxes[0]
     x = graph.inputs_of(softmax.name)[0]
@@ -294,6 +339,25 @@ def _read(graph: Graph, value: Value, path: list[Node], index: list[str | None],
     return _source(graph, value, path), mapped, lines
 
 
+def _pointwise(graph: Graph, value: Value, path: list[Node], var: str, index: list[str | None],
+               params: list[Value]) -> list[str]:
+    """Lines that apply the pointwise nodes of `path` (from its source on) to the tile `var`
+    loaded from the source, leaving in `var` the operand's tile in the operand's dtype; as a
+    chain kernel computes them (float32 in registers, rounded through narrower results)."""
+    pointwise = [node for node in path if node.op not in MOVES]
+    if not pointwise:
+        return []
+    env = {_source(graph, value, path): f"{var}_f"}
+    lines = [f"{var}_f = {var}.to(tl.float32)"]
+    scalars = Loader(graph, index, [int(d) for d in graph.type_of(value).shape], "mask", params, prefix=f"{var}_c")
+    for node in reversed(path):
+        if node.op in MOVES:
+            env[Value(node.name)] = env[graph.inputs_of(node.name)[0]]  # type: ignore[index]
+        else:
+            lines += emit_chain(graph, [node], scalars, env, prefix=f"{var}_v")[0]
+    return lines + [f"{var} = {store_expr(env[value], graph.type_of(value))}"]
+
+
 def _named(graph: Graph, value: Value, source: Value) -> str:
     """A load's comment: the operand and its type, and what it is read through."""
     note = f"{graph.value_name(value)}: {graph.type_of(value)}"
@@ -309,24 +373,29 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
     values = _operands(graph, p)
     q_t, v_t = graph.type_of(values[0]), graph.type_of(values[2])
     batch_shape, batch = _batch(p)
-    (k_src, k_index, k_lines), (v_src, v_index, v_lines) = (
-        _read(graph, value, path, _index(graph.type_of(value), batch, batch_shape, *matrix), prefix)
-        for value, path, matrix, prefix in ((values[1], p.through[0], ("rd[:, None]", "rn[None, :]"), "kh"),
-                                            (values[2], p.through[1], ("rn[:, None]", "re[None, :]"), "vh")))
+    matrices = (("rm[:, None]", "rd[None, :]"), ("rd[:, None]", "rn[None, :]"), ("rn[:, None]", "re[None, :]"))
+    indices = [_index(graph.type_of(value), batch, batch_shape, *matrix) for value, matrix in zip(values, matrices)]
+    (q_src, q_index, q_lines), (k_src, k_index, k_lines), (v_src, v_index, v_lines) = (
+        _read(graph, value, path, index, prefix)
+        for value, path, index, prefix in zip(values, p.through, indices, ("qh", "kh", "vh")))
     params: list[Value] = []
-    q, k, v = (parameter(params, value) for value in (values[0], k_src, v_src))
+    q, k, v = (parameter(params, value) for value in (q_src, k_src, v_src))
+    (q_prologue, k_prologue, v_prologue) = (
+        _pointwise(graph, value, path, var, index, params)
+        for value, path, var, index in zip(values, p.through, ("q", "kt", "vb"), indices))
     precision = ", input_precision=PRECISION" if q_t.dtype.name == "float32" else ""
     narrow = "" if v_t.dtype.name == "float32" else f".to({triton_dtype(v_t.dtype)})"
     lines = ["pid_m = tl.program_id(0)"]
     if batch:
         lines.append("batch = tl.program_id(1)")
         lines += unravel("batch", batch_shape, batch)
-    lines += k_lines + v_lines + [
+    lines += q_lines + k_lines + v_lines + [
         "rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)",
         "rd = tl.arange(0, BLOCK_D)",
         "re = tl.arange(0, BLOCK_E)",
-        f"q = tl.load({q} + {offset(q_t, _index(q_t, batch, batch_shape, 'rm[:, None]', 'rd[None, :]'))}, "
-        f"mask=(rm[:, None] < {m}) & (rd[None, :] < {d}), other=0.0)  # {graph.value_name(values[0])}: {q_t}",
+        f"q = tl.load({q} + {offset(graph.type_of(q_src), q_index)}, "
+        f"mask=(rm[:, None] < {m}) & (rd[None, :] < {d}), other=0.0)  # {_named(graph, values[0], q_src)}",
+        *q_prologue,
         "m_i = tl.full((BLOCK_M,), -float('inf'), tl.float32)",
         "l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)",
         "acc = tl.zeros((BLOCK_M, BLOCK_E), dtype=tl.float32)",
@@ -334,6 +403,7 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
         "    rn = n0 + tl.arange(0, BLOCK_N)",
         f"    kt = tl.load({k} + {offset(graph.type_of(k_src), k_index)}, "
         f"mask=(rd[:, None] < {d}) & (rn[None, :] < {n}), other=0.0)  # {_named(graph, values[1], k_src)}",
+        *("    " + line for line in k_prologue),
         f"    s = tl.dot(q, kt{precision})",
         f"    mask = (rm[:, None] < {m}) & (rn[None, :] < {n})",
     ]
@@ -351,6 +421,7 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
         "    l_i = l_i * alpha + tl.sum(p, axis=1)",
         f"    vb = tl.load({v} + {offset(graph.type_of(v_src), v_index)}, "
         f"mask=(rn[:, None] < {n}) & (re[None, :] < {e}), other=0.0)  # {_named(graph, values[2], v_src)}",
+        *("    " + line for line in v_prologue),
         f"    acc = acc * alpha[:, None] + tl.dot(p{narrow}, vb{precision})",
         "    m_i = m_new",
         f"o = {GUARDS[p.guard].format(o='acc / l_i[:, None]', l='l_i[:, None]')}",
@@ -404,7 +475,7 @@ def tiles(graph: Graph, nodes: list[Node]) -> list[tuple[str, TensorType, int, s
     """(what, type, dim, block key) for the matrix dims the kernel reads and writes."""
     p = _parts(graph, nodes)
     found = []
-    for what, value, path, keys in zip(("Q", "K^T", "V"), _operands(graph, p), ([], *p.through),
+    for what, value, path, keys in zip(("Q", "K^T", "V"), _operands(graph, p), p.through,
                                        (("BLOCK_M", "BLOCK_D"), ("BLOCK_D", "BLOCK_N"), ("BLOCK_N", "BLOCK_E"))):
         t = graph.type_of(value)
         index, _ = _mapped(graph, path, [*(f"b{d}" for d in range(t.rank - 2)), *keys], "x")
@@ -425,11 +496,24 @@ def check(graph: Graph, nodes: list[Node], config: dict[str, Any]) -> str | None
     return None
 
 
-def absorbs(graph: Graph, nodes: list[Node], kind_of: Callable[[Node], str]) -> list[Node]:
-    """The nodes outside the group the kernel reads K^T and V through (`read_through`): views
-    (no kernel) and an Expand that runs as a movement kernel of its own, which goes."""
+def absorbs(graph: Graph, nodes: list[Node], group_of: Callable[[Node], Any]) -> list[Node]:
+    """The nodes outside the group the kernel reads Q, K^T and V through (`read_through`):
+    views (no kernel), and moves and pointwise nodes that run as movement or chain kernels
+    (GQA's Expand, a transpose that copies K); on each operand's way, as far as the kernels of
+    the nodes taken (`group_of`:
+    fusion's groups; None for inputs and constants) hold nothing else, so that those kernels
+    go."""
     p = parts(graph, nodes)
     if p is None:
         return []
-    taken = lambda n: kind_of(n) == "view" or (n.op == "Expand" and kind_of(n) == "movement")  # noqa: E731
-    return [n for value in _operands(graph, p)[1:] for n in read_through(graph, value, taken)]
+    def runs(node: Node) -> bool:
+        group = group_of(node)
+        return group is not None and group.kind in ("view", "movement", "chain")
+
+    taken: list[Node] = []
+    for value in _operands(graph, p):
+        path = read_through(graph, value, runs)
+        while path and not all(set(group_of(n).names) <= {m.name for m in path} for n in path):
+            path = _computing(path[:-1])
+        taken += path
+    return taken

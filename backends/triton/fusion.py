@@ -39,7 +39,8 @@ of the one before, and nothing else does) becomes one group where a template run
 one kernel (`Rules.spans`): attention's scores matmul, softmax and product with V
 (attention.py), whose (sequence x sequence) scores then never reach memory. The new group
 also takes the groups of the nodes its kernel computes as it reads its operands, where they
-hold nothing else (`Rules.absorbs`: GQA's Expand of the keys and values, and the views between).
+hold nothing else (`Rules.absorbs`: GQA's Expand of the keys and values, and the views between;
+the Casts and scales of a half-precision model's queries, keys and values).
 
 A group runs at the place of its last node in the topological order: every operand of every
 member is ready by then, and every result a group does not write is read inside it alone
@@ -83,7 +84,7 @@ class Rules:
     merges: Callable[[Graph, "Group", "Group", Value, Node], bool]
     ends: Callable[[Graph, "Group", Node], bool]
     spans: Callable[[Graph, list[str], list[Node]], "str | None"] = lambda graph, kinds, nodes: None
-    absorbs: Callable[[Graph, "Group", Callable[[Node], str]], list[Node]] = lambda graph, group, kind_of: []
+    absorbs: Callable[[Graph, "Group", Callable[[Node], "Group | None"]], list[Node]] = lambda graph, group, group_of: []
 
 
 @dataclass(frozen=True)
@@ -267,13 +268,12 @@ def group_nodes(graph: Graph, rules: Rules, fuse: bool | Fusion = True) -> list[
         joined.nodes.append(node)
         owner[node.name] = joined
     if fuse:
-        _span(graph, groups, rules, owner, position, kinds)
+        _span(graph, groups, rules, owner, position)
     _check_groups(graph, groups)
     return sorted(groups, key=lambda g: position[g.nodes[-1].name])
 
 
-def _span(graph: Graph, groups: list[Group], rules: Rules, owner: dict[str, Group], position: dict[str, int],
-          kinds: dict[str, str]) -> None:
+def _span(graph: Graph, groups: list[Group], rules: Rules, owner: dict[str, Group], position: dict[str, int]) -> None:
     """Replace, in place, each run of up to SPAN_LIMIT groups (each the `_operand_group` of
     the next one's anchor, its result read inside the next one alone) that one kernel runs (`rules.spans`) by one group of that kind: the longest run
     ending at each group, in launch order, with the groups of the nodes it absorbs
@@ -298,7 +298,7 @@ def _span(graph: Graph, groups: list[Group], rules: Rules, owner: dict[str, Grou
             for g in run[start:-1]:
                 groups.remove(g)
             owner.update((n.name, merged) for n in nodes)
-            _absorb(graph, merged, rules.absorbs(graph, merged, lambda n: kinds[n.name]), groups, owner, position)
+            _absorb(graph, merged, rules.absorbs(graph, merged, lambda n: owner.get(n.name)), groups, owner, position)
             break
 
 

@@ -60,10 +60,10 @@ class Template:
     """Whether the kernel of this anchor computes the group (of `kind`, these `nodes`) that gives
     its first operand, where it would load it (the group's kernel and its result's buffer go):
     a row op the chain of elementwise nodes before it, a matmul the layer norm before it."""
-    absorbs: Callable[[Graph, Nodes, Callable[[Node], str]], Nodes] = lambda graph, nodes, kind_of: []
-    """The nodes outside a group of these `nodes` (of kinds `kind_of` says) that its kernel
-    computes itself as it reads its operands (attention: GQA's Expand of K and V, and the views
-    between), so that their kernels go."""
+    absorbs: Callable[[Graph, Nodes, Callable[[Node], Any]], Nodes] = lambda graph, nodes, group_of: []
+    """The nodes outside a group of these `nodes` (in the groups `group_of` gives) that its
+    kernel computes itself as it reads its operands (attention: GQA's Expand of K and V, and
+    the views between; Casts and scales of Q, K and V), so that their kernels go."""
     pairs: Callable[[Graph, Nodes], bool] = lambda graph, nodes: False
     """Whether elementwise nodes after a kernel of these `nodes` that writes several results
     (a Split's parts) may read them all at one index, in registers (a matmul's equal column
@@ -249,11 +249,11 @@ def spans(graph: Graph, kinds: list[str], nodes: Nodes) -> str | None:
     return next((kind for kind, template in TEMPLATES.items() if template.spans(graph, kinds, nodes)), None)
 
 
-def absorbs(graph: Graph, group: Any, kind_of: Callable[[Node], str]) -> Nodes:
-    """The nodes outside `group` (a fusion.Group) its kernel computes as it reads: its
-    template's rule."""
+def absorbs(graph: Graph, group: Any, group_of: Callable[[Node], Any]) -> Nodes:
+    """The nodes outside `group` (a fusion.Group) its kernel computes as it reads, given each
+    node's group: its template's rule."""
     template = TEMPLATES.get(group.kind)
-    return template.absorbs(graph, group.nodes, kind_of) if template is not None else []
+    return template.absorbs(graph, group.nodes, group_of) if template is not None else []
 
 
 def classify(graph: Graph, node: Node) -> str:

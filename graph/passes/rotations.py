@@ -21,7 +21,7 @@ import numpy as np
 
 from ..graph import Graph, Node
 from ..ops.tensor import slice_bounds
-from ..types import TensorType, Value
+from ..types import TensorType, Value, is_float_dtype
 from .pipeline import Pass, PassResult
 
 
@@ -79,7 +79,7 @@ def _gather_rotations(graph: Graph) -> PassResult:
             continue
         x = pieces[0][0]  # type: ignore[index]
         negated = any(p[2] for p in pieces)  # type: ignore[index]
-        if negated and out.dtype.kind != "f":
+        if negated and not is_float_dtype(out.dtype):
             continue
         indices = np.concatenate([p[1] for p in pieces])  # type: ignore[index]
         index = graph.add_constant(indices, name=f"{concat.name}_indices")

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..graph import DEQUANTIZED, Graph, Node
 from ..ops.tensor import RESHAPES
-from ..types import ConstValue, Splat, Value, as_array
+from ..types import ConstValue, Splat, Value, as_array, is_float_dtype
 from .fold import _apply
 from .pipeline import Pass, PassResult
 
@@ -41,7 +41,7 @@ class _Scaled:
 def scalar(graph: Graph, value: Value | None) -> float | None:
     """The value a one-element float constant holds, else None."""
     const = graph.constant_value(value)
-    if const is None or graph.type_of(value).dtype.kind != "f":  # type: ignore[arg-type]
+    if const is None or not is_float_dtype(graph.type_of(value).dtype):  # type: ignore[arg-type]
         return None
     if isinstance(const, Splat):
         return float(const.value)
@@ -51,7 +51,7 @@ def scalar(graph: Graph, value: Value | None) -> float | None:
 
 def _float_weight(graph: Graph, value: Value | None) -> bool:
     """A float constant that is not a folded DequantizeLinear."""
-    if graph.constant_value(value) is None or graph.type_of(value).dtype.kind != "f":  # type: ignore[arg-type]
+    if graph.constant_value(value) is None or not is_float_dtype(graph.type_of(value).dtype):  # type: ignore[arg-type]
         return False
     return DEQUANTIZED not in graph.node(value.node).attrs  # type: ignore[union-attr]
 

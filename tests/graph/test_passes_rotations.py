@@ -17,11 +17,12 @@ SHAPE = (2, 3, 5, 8)
 INT_MAX = np.iinfo(np.int64).max
 
 
-def _model(pieces: list[tuple[str, int, int, int, int, bool]], axis: int = -1) -> tuple:
+def _model(pieces: list[tuple[str, int, int, int, int, bool]], axis: int = -1, dtype: int = TensorProto.FLOAT) -> tuple:
     """y = Concat(pieces, axis) * 1.5, each piece (input, axis, start, end, step, negated) a
-    Slice of input x or z of SHAPE (negated: its Neg)."""
+    Slice of input x or z of SHAPE (negated: its Neg), in `dtype`."""
     node = helper.make_node
-    nodes, inits, parts = [], [numpy_helper.from_array(np.array(1.5, np.float32), "c")], []
+    scale = helper.make_tensor("c", dtype, [], [1.5])
+    nodes, inits, parts = [], [scale], []
     for k, (source, piece_axis, start, end, step, negated) in enumerate(pieces):
         for name, value in (("s", start), ("e", end), ("a", piece_axis), ("t", step)):
             inits.append(numpy_helper.from_array(np.array([value], np.int64), f"{name}{k}"))
@@ -30,9 +31,8 @@ def _model(pieces: list[tuple[str, int, int, int, int, bool]], axis: int = -1) -
             nodes.append(node("Neg", [f"p{k}"], [f"n{k}"]))
         parts.append(f"n{k}" if negated else f"p{k}")
     nodes += [node("Concat", parts, ["r"], axis=axis), node("Mul", ["r", "c"], ["y"])]
-    graph = helper.make_graph(nodes, "rotation", [helper.make_tensor_value_info(n, TensorProto.FLOAT, SHAPE)
-                                                  for n in ("x", "z")],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    graph = helper.make_graph(nodes, "rotation", [helper.make_tensor_value_info(n, dtype, SHAPE) for n in ("x", "z")],
+                              [helper.make_tensor_value_info("y", dtype, None)], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     return model, tilefold.load(model)
 
@@ -84,3 +84,19 @@ def test_the_gpu_target_asks_for_it_and_the_cpu_target_does_not():
     model, graph = _model([("x", 3, 4, 8, 1, True), ("x", 3, 0, 4, 1, False)])
     assert "Concat" not in _ops(tilefold.optimize(graph, "gpu").graph)
     assert "Concat" in _ops(tilefold.optimize(graph, "cpu").graph)
+
+
+def test_a_bfloat16_rotation_becomes_a_gather_too():
+    """bfloat16 is a float type too (NumPy calls ml_dtypes' kind "V"): a half-precision LLaMA's
+    rotate_half is rewritten as a float32 one is, and negates the same elements."""
+    import ml_dtypes
+
+    from tilefold.backends.triton import TritonExecutable
+
+    model, graph = _model([("x", 3, 4, 8, 1, True), ("x", 3, 0, 4, 1, False)], dtype=TensorProto.BFLOAT16)
+    rewritten = run_passes(graph.copy(), [gather_rotations, dce], verify=True)
+    assert _ops(rewritten) == ["Gather", "Mul", "Mul"]
+    x = np.random.default_rng(8).standard_normal(SHAPE).astype(ml_dtypes.bfloat16)
+    got = TritonExecutable(rewritten, device="interp")({"x": x, "z": x})["y"]  # (the NumPy backend has no bfloat16)
+    want = np.concatenate([-x[..., 4:], x[..., :4]], axis=-1).astype(np.float32) * np.float32(1.5)
+    np.testing.assert_array_equal(got.astype(np.float32), want.astype(ml_dtypes.bfloat16).astype(np.float32))

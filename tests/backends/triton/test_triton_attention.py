@@ -210,6 +210,66 @@ def test_half_precision_operands_accumulate_in_float32(kit, device, dtype):
     np.testing.assert_allclose(got, want, rtol=tolerance, atol=tolerance)
 
 
+def _upcast(kit, g: Graph, x: Value, name: str, scale: float | None = None, axes: list[int] | None = None) -> Value:
+    """x cast to float32 (then transposed by `axes`, then scaled), as torch's decomposition of
+    a half-precision sdpa on the CPU computes its operands."""
+    x = kit.add(g, "Cast", [x], {"to": 1}, name=f"{name}_f32")
+    if axes is not None:
+        x = kit.add(g, "Transpose", [x], {"perm": axes}, name=f"{name}_t")
+    if scale is not None:
+        x = kit.add(g, "Mul", [x, g.add_constant(np.array(scale, F32), name=f"{name}_scale")], name=f"{name}_scaled")
+    return x
+
+
+@pytest.mark.parametrize("dtype", [np.float16, "bfloat16"])
+def test_upcast_and_scaled_operands_are_computed_by_the_attention_kernel(kit, device, dtype):
+    """A half-precision sdpa traced on the CPU: Q, K and V cast to float32 (K then transposed),
+    Q and K each scaled, the attention in float32. The kernel loads the half tiles and casts
+    and scales them itself: one kernel, no float32 copies of Q, K and V, and the float32
+    result of the nodes."""
+    import ml_dtypes
+
+    dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
+    rng = np.random.default_rng(8)
+    b, h, m, n, d = 2, 3, 19, 37, 24
+    feeds = {"q": rng.standard_normal((b, h, m, d)).astype(dtype), "k": rng.standard_normal((b, h, n, d)).astype(dtype),
+             "v": rng.standard_normal((b, h, n, d)).astype(dtype)}
+    g = Graph("half_sdpa")
+    q, k, v = (g.add_input(name, TensorType(x.shape, dtype)) for name, x in feeds.items())
+    root = float(np.sqrt(1 / np.sqrt(d)))
+    y = _attention(kit, g, _upcast(kit, g, q, "q", root), _upcast(kit, g, k, "k", root, [0, 1, 3, 2]),
+                   _upcast(kit, g, v, "v"), scores="causal", guard="masked")
+    g.add_output(kit.add(g, "Cast", [y], {"to": 10 if dtype == np.float16 else 16}, name="narrowed"), "y")
+    assert _kinds(g) == ["attention"]
+    (plan,) = kernel_plans(g)
+    assert {"q_scaled", "k_f32", "k_t", "v_f32"} <= set(plan.nodes)
+    got = TritonExecutable(g, device=device)(feeds)  # (the NumPy backend has no bfloat16)
+    q32, k32, v32 = (feeds[name].astype(np.float64) for name in ("q", "k", "v"))
+    scores = np.where(np.tril(np.ones((m, n), bool), n - m), (q32 * root) @ (k32 * root).transpose(0, 1, 3, 2), -np.inf)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    exact = ((probs / probs.sum(-1, keepdims=True)) @ v32).astype(dtype).astype(np.float64)
+    ulp = 2.0 ** (-10 if dtype == np.float16 else -7)  # one unit in the last place at magnitude 1 to 2
+    assert np.abs(got["y"].astype(np.float64) - exact).max() <= ulp * max(1.0, np.abs(exact).max())
+
+
+def test_a_cast_whose_kernel_computes_more_keeps_it(kit):
+    """The upcast of Q is also added to a bias in the same chain kernel (read once): that kernel
+    stays, and the attention reads its float32 result; K's and V's casts still go."""
+    rng = np.random.default_rng(9)
+    g = Graph("shared_cast")
+    half = np.float16
+    feeds = {"q": rng.standard_normal((1, 2, 8, 16)).astype(half), "kt": rng.standard_normal((1, 2, 16, 8)).astype(half),
+             "v": rng.standard_normal((1, 2, 8, 16)).astype(half)}
+    q, kt, v = (g.add_input(name, TensorType(x.shape, half)) for name, x in feeds.items())
+    shifted = kit.add(g, "Add", [_upcast(kit, g, q, "q"), g.add_constant(rng.standard_normal(16).astype(F32), name="bias")],
+                      name="shifted")
+    g.add_output(_attention(kit, g, shifted, _upcast(kit, g, kt, "k"), _upcast(kit, g, v, "v"), scores="none"), "y")
+    assert sorted(_kinds(g)) == ["attention", "chain"]
+    (chain,) = [plan for plan in kernel_plans(g) if plan.kind == "chain"]
+    assert chain.nodes == ["q_f32", "shifted"]
+    _check(kit, g, feeds, "interp")
+
+
 def test_a_run_it_cannot_hold_stays_three_kernels(kit):
     """The probabilities read outside (an output of their own, or by the product's epilogue), a
     softmax over another dim, a head dim past HEAD_LIMIT, and a chain between the softmax and

@@ -6,7 +6,7 @@ results, pads in every mode, bool reductions, scans, the float64 helpers of libm
 remainders, bits and products, OneHot, TopK of every dtype it takes and of a row read in
 pieces, scatters by store, by atomics and by compare-and-swap on 16- and 32-bit words, a
 quantized conv stack's QuantizeLinear/DequantizeLinear in conv epilogues, flash attention
-in float16 and bfloat16, layer norms as matmul prologues, and a matmul's paired column parts).
+in float16 and bfloat16 (and on operands it upcasts and scales), layer norms as matmul prologues, and a matmul's paired column parts).
 This catches what the interpreter accepts and the compiler does not."""
 from __future__ import annotations
 
@@ -251,6 +251,25 @@ def _half_attention(kit) -> Graph:
     return g
 
 
+def _upcast_attention(kit) -> Graph:
+    """A bfloat16 sdpa traced on the CPU: Q, K and V cast to float32, K transposed, Q and K
+    scaled, all computed by the attention kernel on the tiles it loads."""
+    import ml_dtypes
+
+    g = Graph("upcast_attention")
+    operands = []
+    for name in ("q", "k", "v"):
+        x = kit.add(g, "Cast", [g.add_input(name, TensorType((1, 4, 48, 32), ml_dtypes.bfloat16))], {"to": 1})
+        if name == "k":
+            x = kit.add(g, "Transpose", [x], {"perm": [0, 1, 3, 2]})
+        if name != "v":
+            x = kit.add(g, "Mul", [x, g.add_constant(np.array(0.42, np.float32), name=f"{name}_scale")])
+        operands.append(x)
+    p = kit.add(g, "Softmax", [kit.add(g, "MatMul", operands[:2])], {"axis": -1})
+    g.add_output(kit.add(g, "Cast", [kit.add(g, "MatMul", [p, operands[2]])], {"to": 16}), "y")
+    return g
+
+
 def _normed_products(kit) -> Graph:
     """Layer norms computed by the matmuls that read them (pre-norm layers), and SiLU(gate) * up
     of one product's two column halves, float32 and float16."""
@@ -278,7 +297,7 @@ def _normed_products(kit) -> Graph:
 def test_generated_kernels_compile_for_the_gpu(kit, capability):
     pytest.importorskip("triton.backends.nvidia")
     graphs = [_variants(kit), _bfloat16_scatters(kit), _small_integers(kit), _long_topk(kit), _half_attention(kit),
-              _normed_products(kit)]
+              _upcast_attention(kit), _normed_products(kit)]
     for model in (mlp_model(batch=5, sizes=(20, 33, 7)), mlp_model(batch=3, sizes=(18, 40, 6), gemm=True),
                   kit.small_cnn(), kit.tiny_transformer(), qdq_cnn_model(channels=24)):
         plain = tilefold.load(model)
