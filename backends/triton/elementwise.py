@@ -22,7 +22,7 @@ import numpy as np
 
 from ...graph.graph import Graph, Node
 from ...graph.ops.quantize import per_tensor
-from ...graph.types import Splat, TensorType, Value
+from ...graph.types import Splat, TensorType, Value, is_float_dtype
 from .codegen import Table, jit_function
 from .indexing import INTEGERS, NAN, broadcast_index, is_integer, literal, offset, triton_dtype, unravel, value_ok
 from .layout_ops import COPIES, HEADS
@@ -60,7 +60,7 @@ def _scalar(const: Any) -> float | None:
     """The one value of a constant (a splat, or an array of one element), else None."""
     if isinstance(const, Splat):
         return float(const.value)
-    if isinstance(const, np.ndarray) and const.size == 1 and const.dtype.kind in "fiu":
+    if isinstance(const, np.ndarray) and const.size == 1 and (const.dtype.kind in "iu" or is_float_dtype(const.dtype)):
         return float(const.reshape(-1)[0])
     return None
 

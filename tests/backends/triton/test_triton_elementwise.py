@@ -538,6 +538,23 @@ def test_pow_by_a_constant_exponent(kit, device, exponent, form):
     np.testing.assert_allclose(got["y"], exact, rtol=2e-6, atol=0)
 
 
+def test_pow_of_bfloat16_by_a_bfloat16_exponent_runs_in_a_kernel(kit, device):
+    """A bfloat16 GPT-2's GELU cubes by a bfloat16 0-d array (NumPy's kind "V", not "f"): a
+    kernel computes it, rounded to bfloat16 as the cube of the rounded input; the NumPy
+    backend, which has no bfloat16, would refuse it."""
+    import ml_dtypes
+
+    bf16 = ml_dtypes.bfloat16
+    x = (np.random.default_rng(15).standard_normal((6, 11)) * 2).astype(bf16)
+    g = Graph("pow_bf16")
+    y = kit.add(g, "Pow", [g.add_input("x", TensorType(x.shape, bf16)), g.add_constant(np.array(3.0, bf16), name="e")])
+    g.add_output(y, "y")
+    exe = TritonExecutable(g, device=device)
+    got = exe({"x": x})["y"]
+    assert exe.fallback_nodes == []
+    np.testing.assert_array_equal(got.astype(F32), (x.astype(np.float64) ** 3).astype(F32).astype(bf16).astype(F32))
+
+
 def test_pow_by_a_large_whole_or_a_computed_exponent_stays_on_numpy(kit, device):
     g = Graph("pow")
     x = g.add_input("x", TensorType((4, 5), F32))
