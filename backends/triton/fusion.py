@@ -31,7 +31,8 @@ When a node joins a group and reads the result of another group that every reade
 result joins too, the other group merges into it where the template allows (`Rules.merges`:
 two row ops over one row, the sdpa guard's any with the softmax whose Where reads it; a chain
 or movement group read at the reader's own index, LLaMA's rotary Concat with the Mul and Add
-after it); the merged nodes keep their topological order, and the anchor is the first node of
+after it; a chain of a row op's row read at each element, a half-precision RMSNorm's upcast,
+which both its square and its scaling read); the merged nodes keep their topological order, and the anchor is the first node of
 the group's kind.
 
 Last, a run of groups each read by the next alone (the next group's anchor reads the result

@@ -237,10 +237,21 @@ def takes_prologue(graph: Graph, kind: str, node: Node, before: Any) -> bool:
 def merges(graph: Graph, inner: Any, outer: Any, value: Value, reader: Node) -> bool:
     """Whether group `inner` (a fusion.Group), whose result `value` `reader` reads on joining
     group `outer`, can run inside `outer`'s kernel: the template's rule, for two groups whose
-    kernels one function generates (a chain and a movement group: elementwise.chain_kernel)."""
+    kernels one function generates (a chain and a movement group: elementwise.chain_kernel);
+    and a chain of elementwise nodes of the row's shape that `outer`'s anchor would take as its
+    prologue, read at each element of that row (a half-precision RMSNorm's upcast of its row,
+    which its square and its scaling both read)."""
     template, other = TEMPLATES.get(outer.kind), TEMPLATES.get(inner.kind)
-    return template is not None and other is not None and template.kernel is other.kernel and \
-        template.merges(graph, inner.anchor, outer.anchor, value, reader)
+    if template is None or other is None:
+        return False
+    if template.kernel is other.kernel:
+        return template.merges(graph, inner.anchor, outer.anchor, value, reader)
+    row = graph.inputs_of(outer.anchor.name)[0]
+    shape = tuple(graph.type_of(value).shape)
+    return inner.kind == "chain" and row is not None and shape == tuple(graph.type_of(row).shape) and \
+        shape == tuple(reader.outputs[0].shape) and \
+        all(n.op in elementwise.OPS and tuple(n.outputs[0].shape) == shape for n in inner.nodes) and \
+        template.prologue(graph, outer.anchor, inner.kind, inner.nodes)
 
 
 def spans(graph: Graph, kinds: list[str], nodes: Nodes) -> str | None:

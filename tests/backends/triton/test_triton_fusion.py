@@ -80,14 +80,15 @@ def test_a_matmul_then_silu_is_one_kernel(kit, device):
 
 def test_the_node_closing_a_diamond_joins_the_group_that_waits_for_it(kit, device):
     """Sum(t, Neg(s), s), with t a chain of its own that Sum could join first: Sum must join
-    the softmax's group, where s stays in registers."""
+    the softmax's group, where s stays in registers; t's chain, of the row's shape and read by
+    Sum alone, then runs in that kernel too."""
     g = Graph("owed")
     shape = (3, 10)
     s = kit.add(g, "Softmax", [g.add_input("x", TensorType(shape, F32))], {"axis": -1}, name="softmax")
     negated = kit.add(g, "Neg", [s], name="neg")
     t = kit.add(g, "Relu", [g.add_input("u", TensorType(shape, F32))], name="relu")
     g.add_output(kit.add(g, "Sum", [t, negated, s], name="sum"), "y")
-    assert sorted(_kernels(g)) == [["relu"], ["softmax", "neg", "sum"]]
+    assert _kernels(g) == [["softmax", "neg", "relu", "sum"]]
     rng = np.random.default_rng(3)
     _check(kit, g, {"x": rng.standard_normal(shape).astype(F32), "u": rng.standard_normal(shape).astype(F32)}, device)
 
@@ -486,6 +487,24 @@ def test_an_rms_norm_read_only_by_a_matmul_is_that_matmul_s_prologue(kit, device
     feed = rng.standard_normal((2, 9, k)).astype(F32) * 3.0
     feed[1, 4] = 0.0  # a row of zeros: rsqrt(eps)
     _check(kit, g, {"x": feed}, device, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("product", [False, True])
+def test_a_half_precision_rms_norm_upcasts_its_row_in_its_kernel(kit, device, product):
+    """LLaMA's RMSNorm in float16: the row is cast to float32 first, and both the square and
+    the scaling read the cast. The cast joins the norm's kernel (or the kernel of the matmul
+    that computes the norm as its prologue) instead of writing a float32 copy of the row."""
+    rng = np.random.default_rng(12)
+    g = Graph("half_rms")
+    x = g.add_input("x", TensorType((2, 9, 40), np.float16))
+    upcast = kit.add(g, "Cast", [x], {"to": 1}, name="upcast")
+    y = _rms_norm(kit, g, upcast, rng.uniform(0.5, 1.5, 40).astype(F32))
+    if product:
+        y = kit.add(g, "MatMul", [y, g.add_constant(rng.standard_normal((40, 24)).astype(F32), name="w")], name="mm")
+    g.add_output(y, "y")
+    rms = ["rms_square", "rms_mean", "rms_eps_add", "rms_root", "rms_rstd", "rms_normed", "rms_scaled"]
+    assert _kernels(g) == [["upcast", *rms, *(["mm"] if product else [])]]
+    _check(kit, g, {"x": (rng.standard_normal((2, 9, 40)) * 3).astype(np.float16)}, device, rtol=1e-4, atol=1e-4)
 
 
 def test_a_reduction_over_another_dim_or_read_elsewhere_is_not_a_matmul_prologue(kit):
