@@ -272,6 +272,40 @@ def _assert_llama_matches_eager(exe, model, ids, mask):
     assert exe.fallback_nodes == []
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["llama", "gpt2", "bert"])
+def test_a_bfloat16_layer_runs_as_many_kernels_as_a_float32_one(family):
+    """Traced on the CPU, a bfloat16 model upcasts to float32 around its attention and its
+    RMSNorms, and carries bfloat16 constants (GPT-2's GELU cubes by one): the attention kernel
+    casts and scales Q, K and V as it loads them, the norm's kernel upcasts its row, and the
+    rotary and scale passes take bfloat16, so no Cast runs a kernel a float32 layer does not.
+    The output is eager PyTorch's, to bfloat16's precision."""
+    import torch
+
+    from tilefold.bench import models
+
+    config = {"llama": {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96,
+                        "num_hidden_layers": 1, "vocab_size": 60},
+              "gpt2": {"n_embd": 64, "n_head": 4, "n_layer": 1, "vocab_size": 60},
+              "bert": {"hidden_size": 64, "num_attention_heads": 4, "intermediate_size": 96, "num_hidden_layers": 1,
+                       "vocab_size": 60, "attn_implementation": "sdpa"}}[family]
+    build = {"llama": models.llama_torch, "gpt2": models.gpt2_torch, "bert": models.bert_torch}[family]
+    feeds = models.bert_inputs(np.random.default_rng(17), 16, 60)
+    args = tuple(torch.from_numpy(feeds[name]) for name in models.BERT_INPUTS)
+    counts = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        module = build(**config).to(dtype)
+        graph = tilefold.optimize(tilefold.from_torch(module, args), "gpu").graph
+        counts[dtype] = len(kernel_plans(graph))
+    exe = TritonExecutable(graph, device="interp")
+    got = np.asarray(next(iter(exe(dict(zip(graph.input_types(), (a.numpy() for a in args)))).values())), np.float32)
+    with torch.no_grad():
+        want = module(*args)
+    want = (want if isinstance(want, torch.Tensor) else want[0]).float().numpy()
+    assert counts[torch.bfloat16] == counts[torch.float32] and exe.fallback_nodes == []
+    assert np.abs(got - want).max() <= 3e-2 * np.abs(want).max()
+
+
 @pytest.mark.parametrize("off, kinds_gone", [
     ({"prologues": False}, {"matmul_with_norm", "reduce_with_prologue"}),
     ({"prologues": {"reduce"}}, {"matmul_with_norm"}),
