@@ -36,8 +36,8 @@ BERT_INPUTS = ("input_ids", "attention_mask")
 
 __all__ = [
     "LIGHT_MODELS", "bert", "bert_inputs", "bert_torch", "gpt2_torch", "llama_torch", "model_cache_dir",
-    "data_inputs", "light_model", "light_path", "light_reference", "mlp", "random_inputs", "resnet50", "resnet50_inputs",
-    "resnet50_torch", "static_shape",
+    "data_inputs", "light_model", "light_path", "light_reference", "mlp", "random_inputs", "resnet50",
+    "resnet50_inputs", "resnet50_torch", "static_shape",
 ]
 
 

@@ -172,7 +172,7 @@ class GpuTarget(Target):
     weight is then turned once, at compile time. Row-major measured 3-5% faster on each of
     bench/gpu.py's matmul shapes (0.86x cuBLAS against 0.83x at 4096^3; H200, 2026-11-28, one
     run); tiles stay the default until a second run confirms it end to end, which
-    bench/gpu.py measures with this set both ways."""
+    bench/ablate.py measures with this set both ways."""
 
     def anchor_layout(self, node: Node, in_types: Sequence[TensorType | None]) -> AnchorLayout | None:
         t = self.block

@@ -24,5 +24,5 @@ from .launch import set_launch, verify_launch
 from .listing import KernelListing, ListedKernel
 from .templates import supported_ops, supports
 
-__all__ = ["Fusion", "KernelListing", "ListedKernel", "TritonExecutable", "autotune", "kernel_listing", "kernel_sources",
-           "set_launch", "supported_ops", "supports", "verify_launch"]
+__all__ = ["Fusion", "KernelListing", "ListedKernel", "TritonExecutable", "autotune", "kernel_listing",
+           "kernel_sources", "set_launch", "supported_ops", "supports", "verify_launch"]

@@ -149,9 +149,8 @@ def _pointwise_operand(graph: Graph, node: Node) -> Value | None:
         return None
     for slot in (0, 1) if node.op == "Mul" else (0,):
         x, c = values[slot], values[1 - slot]
-        scalar = graph.type_of(c)  # type: ignore[arg-type]
-        if graph.constant_value(c) is not None and scalar.is_static and \
-                int(np.prod(scalar.shape, dtype=np.int64)) == 1 and graph.type_of(x).shape == out.shape:  # type: ignore[arg-type]
+        scalar, shape = graph.type_of(c), graph.type_of(x).shape  # type: ignore[arg-type]
+        if graph.constant_value(c) is not None and scalar.numel() == 1 and shape == out.shape:
             return x
     return None
 
@@ -500,12 +499,12 @@ def absorbs(graph: Graph, nodes: list[Node], group_of: Callable[[Node], Any]) ->
     """The nodes outside the group the kernel reads Q, K^T and V through (`read_through`):
     views (no kernel), and moves and pointwise nodes that run as movement or chain kernels
     (GQA's Expand, a transpose that copies K); on each operand's way, as far as the kernels of
-    the nodes taken (`group_of`:
-    fusion's groups; None for inputs and constants) hold nothing else, so that those kernels
-    go."""
+    the nodes taken (`group_of`: fusion's groups, None for inputs and constants) hold nothing
+    else, so that those kernels go."""
     p = parts(graph, nodes)
     if p is None:
         return []
+
     def runs(node: Node) -> bool:
         group = group_of(node)
         return group is not None and group.kind in ("view", "movement", "chain")

@@ -218,8 +218,9 @@ class TritonExecutable:
     on the GPU; "interp" (or "interp:N") runs the same kernels with Triton's interpreter on the
     CPU, for testing without a GPU (slow: small shapes only). Nodes placed on other Triton
     devices run there, nodes placed on `cpu` on the NumPy backend. `fuse=False` gives every node
-    its own kernel, a `Fusion` turns some fusions off. `memory`: a memory plan to use instead of planning one (for tests and
-    debugging: it must plan this graph's schedule, `schedule` and `views`)."""
+    its own kernel, a `Fusion` turns some fusions off. `memory`: a memory plan to use instead
+    of planning one (for tests and debugging: it must plan this graph's schedule, `schedule`
+    and `views`)."""
 
     def __init__(self, graph: Graph, *, device: str = "cuda", fuse: bool | Fusion = True, verify: bool = True,
                  allow_fallback: bool = True, memory: MemoryPlan | None = None, replay: bool = True) -> None:

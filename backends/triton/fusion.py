@@ -32,8 +32,8 @@ result joins too, the other group merges into it where the template allows (`Rul
 two row ops over one row, the sdpa guard's any with the softmax whose Where reads it; a chain
 or movement group read at the reader's own index, LLaMA's rotary Concat with the Mul and Add
 after it; a chain of a row op's row read at each element, a half-precision RMSNorm's upcast,
-which both its square and its scaling read); the merged nodes keep their topological order, and the anchor is the first node of
-the group's kind.
+which both its square and its scaling read); the merged nodes keep their topological order,
+and the anchor is the first node of the group's kind.
 
 Last, a run of groups each read by the next alone (the next group's anchor reads the result
 of the one before, and nothing else does) becomes one group where a template runs the run as
@@ -85,7 +85,8 @@ class Rules:
     merges: Callable[[Graph, "Group", "Group", Value, Node], bool]
     ends: Callable[[Graph, "Group", Node], bool]
     spans: Callable[[Graph, list[str], list[Node]], "str | None"] = lambda graph, kinds, nodes: None
-    absorbs: Callable[[Graph, "Group", Callable[[Node], "Group | None"]], list[Node]] = lambda graph, group, group_of: []
+    absorbs: Callable[[Graph, "Group", Callable[[Node], "Group | None"]], list[Node]] = \
+        lambda graph, group, group_of: []
 
 
 @dataclass(frozen=True)

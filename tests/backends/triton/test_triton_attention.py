@@ -258,11 +258,11 @@ def test_a_cast_whose_kernel_computes_more_keeps_it(kit):
     rng = np.random.default_rng(9)
     g = Graph("shared_cast")
     half = np.float16
-    feeds = {"q": rng.standard_normal((1, 2, 8, 16)).astype(half), "kt": rng.standard_normal((1, 2, 16, 8)).astype(half),
-             "v": rng.standard_normal((1, 2, 8, 16)).astype(half)}
+    feeds = {name: rng.standard_normal(shape).astype(half)
+             for name, shape in (("q", (1, 2, 8, 16)), ("kt", (1, 2, 16, 8)), ("v", (1, 2, 8, 16)))}
     q, kt, v = (g.add_input(name, TensorType(x.shape, half)) for name, x in feeds.items())
-    shifted = kit.add(g, "Add", [_upcast(kit, g, q, "q"), g.add_constant(rng.standard_normal(16).astype(F32), name="bias")],
-                      name="shifted")
+    bias = g.add_constant(rng.standard_normal(16).astype(F32), name="bias")
+    shifted = kit.add(g, "Add", [_upcast(kit, g, q, "q"), bias], name="shifted")
     g.add_output(_attention(kit, g, shifted, _upcast(kit, g, kt, "k"), _upcast(kit, g, v, "v"), scores="none"), "y")
     assert sorted(_kinds(g)) == ["attention", "chain"]
     (chain,) = [plan for plan in kernel_plans(g) if plan.kind == "chain"]

@@ -6,8 +6,8 @@ results, pads in every mode, bool reductions, scans, the float64 helpers of libm
 remainders, bits and products, OneHot, TopK of every dtype it takes and of a row read in
 pieces, scatters by store, by atomics and by compare-and-swap on 16- and 32-bit words, a
 quantized conv stack's QuantizeLinear/DequantizeLinear in conv epilogues, flash attention
-in float16 and bfloat16 (and on operands it upcasts and scales), layer norms as matmul prologues, and a matmul's paired column parts).
-This catches what the interpreter accepts and the compiler does not."""
+in float16 and bfloat16 (and on operands it upcasts and scales), layer norms as matmul
+prologues, and a matmul's paired column parts). This catches what the interpreter accepts and the compiler does not."""
 from __future__ import annotations
 
 import numpy as np
