@@ -5,9 +5,9 @@ A kernel's configuration (block sizes, `num_warps`, `num_stages`, for matmul the
 (`node.launch`, a dict; the ONNX writer keeps it), so it travels with the graph:
 `set_launch(graph, "matmul*", BLOCK_M=64)` from Python, or the attribute in an optimized ONNX
 file. What is not set comes from the
-defaults, computed here from shapes and dtypes and the gpu target's facts (`GpuTarget.block`,
-the tile; `GpuTarget.programs`, the grid that keeps the GPU busy: the target owns the device
-facts; the per-template rules live with each template). `verify_launch` rejects unknown
+defaults, computed here from shapes and dtypes and the facts of the gpu target the graph was
+optimized for (`GpuTarget.block`, the tile; `GpuTarget.programs`, the grid that keeps the GPU
+busy: the target owns the device facts; the per-template rules live with each template). `verify_launch` rejects unknown
 keys, block sizes that are not powers of two, a block that does not cover whole tiles of a
 packed operand it reads or a packed result it writes (the tile and the block must agree),
 and rows longer than a reduction's block.
@@ -19,7 +19,7 @@ from typing import Any
 
 from ...graph.errors import VerifyError, where
 from ...graph.graph import Graph, Node
-from ...layout.targets import GpuTarget, get_target
+from ...layout.targets import TARGETS, GpuTarget
 from .fusion import Fusion, Group, Rules, group_nodes
 from .templates import TEMPLATES, absorbs, classify, ends, epilogue_shapes, merges, spans, takes_prologue
 
@@ -29,10 +29,14 @@ DOT_KINDS = ("matmul", "conv", "attention")
 
 
 def gpu_target(graph: Graph) -> GpuTarget:
-    """The gpu target, whose facts (its tile, the smallest block a kernel uses; the programs a
-    grid should reach) the defaults are computed from."""
-    target = get_target("gpu")
-    return target if isinstance(target, GpuTarget) else GpuTarget()
+    """The target whose facts (its tile, the smallest block a kernel uses; the programs a grid
+    should reach) the defaults are computed from: the one the graph was optimized for where
+    that is a registered GpuTarget (a user's, for another GPU), else the built-in gpu target."""
+    for name in (graph.meta.get("target"), "gpu"):
+        target = TARGETS.get(name) if isinstance(name, str) else None
+        if isinstance(target, GpuTarget):
+            return target
+    return GpuTarget()
 
 
 def defaults(graph: Graph, group: Group) -> dict[str, Any]:

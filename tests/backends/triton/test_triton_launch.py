@@ -175,3 +175,24 @@ def test_configuration_travels_in_the_optimized_onnx_file(tmp_path):
     set_launch(loaded, "matmul0", BLOCK_N=48)
     with pytest.raises(VerifyError, match="'matmul0'.*BLOCK_N=48"):
         TritonExecutable(loaded, device="interp")
+
+
+def test_defaults_come_from_the_gpu_target_the_graph_was_optimized_for(kit):
+    """A user's GpuTarget for a smaller GPU (here: one program fills it, so blocks stay as
+    large as the result) gives the defaults of a graph optimized for it; a graph optimized for
+    the built-in gpu target gets its 132 programs' blocks."""
+    import tilefold
+    from tilefold.backends.triton.executor import kernel_plans
+    from tilefold.bench.models import mlp_model
+    from tilefold.layout.targets import GpuTarget, register_target
+
+    class OneProgram(GpuTarget):
+        programs = 1
+
+    register_target(OneProgram("gpu-one-program"))
+    model = tilefold.load(mlp_model(batch=64, sizes=(64, 128, 32), seed=4))
+    blocks = {name: [(p.config["BLOCK_M"], p.config["BLOCK_N"]) for p in
+                     kernel_plans(tilefold.optimize(model, name).graph) if p.kind == "matmul"]
+              for name in ("gpu", "gpu-one-program")}
+    assert blocks["gpu-one-program"] == [(64, 128), (64, 32)]
+    assert blocks["gpu"] == [(16, 16), (16, 16)]
