@@ -252,6 +252,22 @@ def test_upcast_and_scaled_operands_are_computed_by_the_attention_kernel(kit, de
     assert np.abs(got["y"].astype(np.float64) - exact).max() <= ulp * max(1.0, np.abs(exact).max())
 
 
+def test_a_divided_query_and_a_key_scaled_from_the_left_are_computed_too(kit, device):
+    """Div(Q, c) and Mul(c, K^T), and a scale on V: each pointwise form the kernel takes, against
+    the nodes run one by one."""
+    rng = np.random.default_rng(10)
+    feeds = {name: rng.standard_normal(shape).astype(F32)
+             for name, shape in (("q", (2, 2, 13, 16)), ("kt", (2, 2, 16, 21)), ("v", (2, 2, 21, 8)))}
+    g = Graph("scaled_forms")
+    q, kt, v = (g.add_input(name, TensorType(x.shape, F32)) for name, x in feeds.items())
+    q = kit.add(g, "Div", [q, g.add_constant(np.array(4.0, F32), name="four")], name="q_divided")
+    kt = kit.add(g, "Mul", [g.add_constant(np.array(0.7, F32), name="seven_tenths"), kt], name="k_scaled")
+    v = kit.add(g, "Mul", [v, g.add_constant(np.array([-2.0], F32), name="minus_two")], name="v_scaled")
+    g.add_output(_attention(kit, g, q, kt, v, scores="causal", guard="masked"), "y")
+    assert _kinds(g) == ["attention"]
+    _check(kit, g, feeds, device)
+
+
 def test_a_cast_whose_kernel_computes_more_keeps_it(kit):
     """The upcast of Q is also added to a bias in the same chain kernel (read once): that kernel
     stays, and the attention reads its float32 result; K's and V's casts still go."""
