@@ -4,13 +4,13 @@ A kernel's configuration (block sizes, `num_warps`, `num_stages`, for matmul the
 `input_precision`) is stored on its group's anchor, the first node but a prologue's
 (`node.launch`, a dict; the ONNX writer keeps it), so it travels with the graph:
 `set_launch(graph, "matmul*", BLOCK_M=64)` from Python, or the attribute in an optimized ONNX
-file. What is not set comes from the
-defaults, computed here from shapes and dtypes and the facts of the gpu target the graph was
-optimized for (`GpuTarget.block`, the tile; `GpuTarget.programs`, the grid that keeps the GPU
-busy: the target owns the device facts; the per-template rules live with each template). `verify_launch` rejects unknown
-keys, block sizes that are not powers of two, a block that does not cover whole tiles of a
-packed operand it reads or a packed result it writes (the tile and the block must agree),
-and rows longer than a reduction's block.
+file. What is not set comes from the defaults, computed here from shapes and dtypes and the
+facts of the gpu target the graph was optimized for (`GpuTarget.block`, the tile;
+`GpuTarget.programs`, the grid that keeps the GPU busy: the target owns the device facts; the
+per-template rules live with each template). `verify_launch` rejects unknown keys, block sizes
+that are not powers of two, a block that does not cover whole tiles of a packed operand it
+reads or a packed result it writes (the tile and the block must agree), and rows longer than
+a reduction's block.
 """
 from __future__ import annotations
 
