@@ -12,13 +12,15 @@ way of reading a weight for another:
 - `Fusion.spans`: attention's scores, softmax and product with V as one flash-attention kernel;
 - `Fusion.pairs`: LLaMA's SiLU(gate) * up in its merged gate and up projection's kernel.
 
-Models, batch 1, sequence 128, float32, random weights, traced with `tilefold.from_torch`:
+Models, batch 1, sequence 128, float32 (or `--dtype`), random weights, traced with
+`tilefold.from_torch`, also timed in eager PyTorch on the device:
 BERT-base (post-norm), GPT-2 base (pre-norm LayerNorm) and a LLaMA of the same size (RMSNorm,
 grouped query attention, rotary, SwiGLU: bench/models.py's LLAMA_BASE). A variant whose kernels
 and weights are the default's is not run. Each row also gives the kernel launches, the first
 run (kernel compiles) and the largest difference from the default's output.
 
-    python -m tilefold.bench.ablate [--models llama,gpt2,bert] [--repeat 20] [--device cuda|interp]
+    python -m tilefold.bench.ablate [--models llama,gpt2,bert] [--dtype float32|float16|bfloat16]
+                                    [--repeat 20] [--device cuda|interp]
 
 Runs only where CUDA is present; elsewhere it prints one line and exits with status 0
 (`--device interp` runs two-layer models of width 32 at sequence 16 under the interpreter, to
@@ -83,8 +85,9 @@ def _same_plan(graph: Any, fuse: Fusion, other: Any, other_fuse: Fusion) -> bool
     return plan(graph, fuse) == plan(other, other_fuse)
 
 
-def ablate(name: str, repeat: int, device: str, failures: list[str]) -> None:
-    """Every variant of one model that differs from the default, timed against it."""
+def ablate(name: str, repeat: int, device: str, failures: list[str], dtype: str = "float32") -> None:
+    """Eager PyTorch, then every variant of one model that differs from the default, timed
+    against the default; the model in `dtype`."""
     import torch
 
     import tilefold
@@ -94,7 +97,7 @@ def ablate(name: str, repeat: int, device: str, failures: list[str]) -> None:
 
     small = device == "interp"
     seq = 16 if small else 128
-    module = _builder(name)(**(SMALL[name] if small else {}))
+    module = _builder(name)(**(SMALL[name] if small else {})).to(getattr(torch, dtype))
     feeds = bert_inputs(np.random.default_rng(5), seq, SMALL[name]["vocab_size"] if small else VOCAB[name])
     args = tuple(torch.from_numpy(feeds[k]) for k in BERT_INPUTS)
     start = time.perf_counter()
@@ -104,9 +107,13 @@ def ablate(name: str, repeat: int, device: str, failures: list[str]) -> None:
     print(f"  {name}: traced and optimized both ways in {time.perf_counter() - start:.1f} s", flush=True)
     where = "cpu" if small else device
     inputs = dict(zip(graphs[True].input_types(), (a.to(where) for a in args)))
-    with torch.no_grad():
-        eager = module(*args)
-    eager = (eager if isinstance(eager, torch.Tensor) else eager[0]).numpy()  # BERT's last hidden state
+
+    def forward(model: Any, operands: tuple) -> Any:
+        with torch.no_grad():
+            out = model(*operands)
+        return (out if isinstance(out, torch.Tensor) else out[0]).float().cpu().numpy()  # BERT: last hidden state
+
+    eager = forward(module, args)
     base: dict[str, Any] = {}
 
     def run(label: str, weight_tiles: bool, fuse: Fusion) -> None:
@@ -120,10 +127,16 @@ def ablate(name: str, repeat: int, device: str, failures: list[str]) -> None:
         compiled = time.perf_counter() - began
         took = _time(lambda: exe(inputs), repeat)
         launches = sum(step.plan is not None for step in exe.steps)
+        out = np.asarray(out, np.float32)
         if not base:
             base.update(time=took, out=out)
             error = float(np.abs(out - eager).max() / np.abs(eager).max())
             print(f"  {name}: largest error against eager, relative to its largest output: {error:.2e}", flush=True)
+            on_device = module.to(where)
+            operands = tuple(a.to(where) for a in args)
+            eager_time = _time(lambda: forward(on_device, operands), repeat)
+            print(f"{name + ', eager PyTorch':<44} {eager_time * 1e3:9.3f} ms  eager / default "
+                  f"{eager_time / took:5.2f}x (above 1: the default is faster)", flush=True)
         difference = float(np.abs(out - base["out"]).max() / np.abs(base["out"]).max())
         print(f"{name + ', ' + label:<44} {took * 1e3:9.3f} ms  {launches:4d} launches  first run {compiled:5.1f} s  "
               f"ratio {took / base['time']:5.2f}x  difference from the default {difference:.1e}", flush=True)
@@ -138,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tilefold.bench.ablate", description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
+                        help="the models' (and eager PyTorch's) type; kernels accumulate in float32")
     parser.add_argument("--device", default="cuda", choices=("cuda", "interp"),
                         help="interp: small models under Triton's interpreter, to check the script (no timing value)")
     args = parser.parse_args(argv)
@@ -152,11 +167,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     where = "Triton interpreter on the CPU (smoke run: small models, times mean nothing)" if args.device == "interp" \
         else torch.cuda.get_device_name()
-    print(f"device: {where}; float32, TF32 off (ratio = variant time / default time: above 1, the bet pays)")
+    print(f"device: {where}; {args.dtype}, TF32 off (ratio = variant time / default time: above 1, the bet pays)")
     torch.backends.cuda.matmul.allow_tf32 = False
     failures: list[str] = []
     for name in names:
-        ablate(name, 1 if args.device == "interp" else args.repeat, args.device, failures)
+        ablate(name, 1 if args.device == "interp" else args.repeat, args.device, failures, args.dtype)
     if failures:
         print(f"{len(failures)} cases failed: {', '.join(failures)}")
     return 1 if failures else 0
