@@ -177,12 +177,12 @@ def pairs(graph: Graph, nodes: list[Node]) -> bool:
     return int(nodes[-1].attrs.get("axis", 0)) % rank == rank - 1 and len(parts) >= 2 and len(set(parts)) == 1
 
 
-def _columns(graph: Graph, nodes: list[Node]) -> int:
-    """The columns one part of the kernel's result has: the product's, or one part's where
-    the kernel holds its Split's parts side by side."""
+def _group_sizes(graph: Graph, nodes: list[Node]) -> dict[str, int]:
+    """The anchor's m and k, and the columns n of one part of the kernel's result: the
+    product's, or one part's where the kernel holds its Split's parts side by side."""
+    s = sizes(graph, anchor(nodes))
     paired = _paired(nodes)
-    n = int(anchor(nodes).outputs[0].shape[-1])
-    return n // paired[1] if paired else n
+    return {**s, "n": s["n"] // paired[1]} if paired else s
 
 
 def takes_split(graph: Graph, nodes: list[Node], node: Node) -> bool:
@@ -204,7 +204,7 @@ def defaults(graph: Graph, nodes: list[Node], target: GpuTarget) -> dict[str, An
     """Blocks from the shapes (`filling_blocks`: up to 128 x 128, smaller where the grid would
     leave the GPU idle), BLOCK_K two tiles for 4-byte types, four for 2-byte ones."""
     node = anchor(nodes)
-    s = {**sizes(graph, node), "n": _columns(graph, nodes)}
+    s = _group_sizes(graph, nodes)
     bm, bn = filling_blocks(s["m"], s["n"], _matrices(node.outputs[0]), target)
     tile = target.block
     itemsize = node.outputs[0].dtype.itemsize
@@ -241,7 +241,7 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
     out = node.outputs[0]
     paired = _paired(nodes)
     count = paired[1] if paired else 1
-    s = {**sizes(graph, node), "n": _columns(graph, nodes)}
+    s = _group_sizes(graph, nodes)
     batch_shape, batch = _batch(out)
     a_dims, b_dims = _operand_dims(node)
     a_loop = {"m": "rm[:, None]", "k": "rk[None, :]"}
@@ -260,14 +260,15 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
     normalize: list[str] = []
     loaded = [f"    a = {a_load}  # {graph.value_name(values[0])}: {a_t}"]
     if len(prologue) == 1 and prologue[0].op == "LayerNormalization":
-        before, normalize = _norm_lines(graph, prologue[0], a_load, s["k"], params, operand_t)
+        before, normalize = _norm_lines(graph, prologue[0], a_load, s["k"], params)
         lines += before
     elif prologue:
         index = batch + ["rm[:, None]", "rk[None, :]"]
-        before, normalize = _row_sum_lines(graph, prologue, index, [*batch_shape, s["m"], s["k"]], s["k"], params,
-                                           operand_t)
+        before, normalize = _row_sum_lines(graph, prologue, index, [*batch_shape, s["m"], s["k"]], s["k"], params)
         lines += before
         loaded = []  # the group's nodes load what they read
+    if prologue and operand_t.dtype.name != "float32":  # the norm is float32; the product reads the operand's type
+        normalize.append(f"    a = a.to({triton_dtype(operand_t.dtype)})")
     accs = ["acc"] if count == 1 else [f"acc{j}" for j in range(count)]
     columns = ["rn[None, :]"] + [f"(rn[None, :] + {j * s['n']})" for j in range(1, count)]
     precision = ", input_precision=PRECISION" if b_t.dtype.name == "float32" else ""
@@ -276,7 +277,8 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
     for j, (acc, cols) in enumerate(zip(accs, columns)):
         b_off = offset(b_t, _operand_index(b_t, b_dims, batch, batch_shape, {"k": "rk[:, None]", "n": cols}))
         tile = "b" if count == 1 else f"b_{j}"  # b0, b1, ...: the batch indices
-        lines += [f"    {tile} = tl.load(in1 + {b_off}, mask=({b_mask}), other=0.0)  # {graph.value_name(values[1])}: {b_t}",
+        note = f"{graph.value_name(values[1])}: {b_t}"
+        lines += [f"    {tile} = tl.load(in1 + {b_off}, mask=({b_mask}), other=0.0)  # {note}",
                   f"    {acc} += tl.dot(a, {tile}{precision})"]
     lines.append(f"mask = (rm[:, None] < {s['m']}) & (rn[None, :] < {s['n']})")
     after = nodes[nodes.index(node) + 1:]
@@ -309,13 +311,12 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
     return source, params
 
 
-def _norm_lines(graph: Graph, norm: Node, a_load: str, k: int, params: list[Value], operand: TensorType
-                ) -> tuple[list[str], list[str]]:
+def _norm_lines(graph: Graph, norm: Node, a_load: str, k: int, params: list[Value]) -> tuple[list[str], list[str]]:
     """The layer norm of the rows, as the row template computes it: lines before the product
     (each row's mean, then the mean and the sum of squares of its deviations from it, which
     correct the mean and give 1 / sqrt(var + epsilon): two passes over k), and the lines that
-    normalize a loaded block `a`, scaled and shifted, in the operand's dtype (lanes past k
-    are 0: the scale and the shift are loaded as 0 there)."""
+    normalize a loaded block `a`, scaled and shifted, in float32 (lanes past k are 0: the
+    scale and the shift are loaded as 0 there)."""
     x = graph.type_of(graph.inputs_of(norm.name)[0])  # type: ignore[arg-type]
     widen = "" if x.dtype.name == "float32" else ".to(tl.float32)"
     eps = float(norm.attrs.get("epsilon", 1e-5))
@@ -346,17 +347,15 @@ def _norm_lines(graph: Graph, norm: Node, a_load: str, k: int, params: list[Valu
                       f"mask=rk[None, :] < {k}, other=0.0)")
             normalize.append(f"    a = a {verb} {vector}{'' if t.dtype.name == 'float32' else '.to(tl.float32)'}"
                              f"  # {graph.value_name(value)}: {t}")
-    if operand.dtype.name != "float32":
-        normalize.append(f"    a = a.to({triton_dtype(operand.dtype)})")
     return before, normalize
 
 
-def _row_sum_lines(graph: Graph, nodes: list[Node], index: list[str], shape: list[int], k: int, params: list[Value],
-                   operand: TensorType) -> tuple[list[str], list[str]]:
+def _row_sum_lines(graph: Graph, nodes: list[Node], index: list[str], shape: list[int], k: int, params: list[Value]
+                   ) -> tuple[list[str], list[str]]:
     """A row group around a sum over k (`_row_sum`: RMSNorm), as the row template computes it:
     lines before the product (the nodes before the sum on each block of rows, summed over k in
     one pass; then the nodes of one value per row), and the lines that compute the group's
-    row-shaped nodes on a loaded block, named `a` in the operand's dtype (lanes past k 0)."""
+    row-shaped nodes on a loaded block, named `a`, in float32 (lanes past k 0)."""
     total = _row_sum(graph, nodes)
     assert total is not None
     at = nodes.index(total)
@@ -388,8 +387,6 @@ def _row_sum_lines(graph: Graph, nodes: list[Node], index: list[str], shape: lis
     body, var = emit_chain(graph, rows, row, inner, prefix="y")
     normalize = [f"    mask = (rm[:, None] < {shape[-2]}) & (rk[None, :] < {k})",
                  *("    " + line for line in again + body), f"    a = tl.where(rk[None, :] < {k}, {var}, 0.0)"]
-    if operand.dtype.name != "float32":
-        normalize.append(f"    a = a.to({triton_dtype(operand.dtype)})")
     return before, normalize
 
 
@@ -429,8 +426,7 @@ def _gemm_epilogue(graph: Graph, node: Node, values: list[Value | None], load: L
 
 
 def grid(graph: Graph, nodes: list[Node], config: dict[str, Any]) -> tuple[int, ...]:
-    node = anchor(nodes)
-    s, out = {**sizes(graph, node), "n": _columns(graph, nodes)}, node.outputs[0]
+    s, out = _group_sizes(graph, nodes), anchor(nodes).outputs[0]
     cells = -(-s["m"] // config["BLOCK_M"]) * -(-s["n"] // config["BLOCK_N"])
     return (cells, _matrices(out)) if out.rank > 2 else (cells,)
 
