@@ -277,10 +277,10 @@ def group_nodes(graph: Graph, rules: Rules, fuse: bool | Fusion = True) -> list[
 
 def _span(graph: Graph, groups: list[Group], rules: Rules, owner: dict[str, Group], position: dict[str, int]) -> None:
     """Replace, in place, each run of up to SPAN_LIMIT groups (each the `_operand_group` of
-    the next one's anchor, its result read inside the next one alone) that one kernel runs (`rules.spans`) by one group of that kind: the longest run
-    ending at each group, in launch order, with the groups of the nodes it absorbs
-    (`rules.absorbs`) where those groups hold nothing else. The run's first anchor stays the
-    anchor."""
+    the next one's anchor, its result read inside the next one alone) that one kernel runs
+    (`rules.spans`) by one group of that kind: the longest run ending at each group, in launch
+    order, with the groups of the nodes it absorbs (`rules.absorbs`) where those groups hold
+    nothing else. The run's first anchor stays the anchor."""
     for last in list(groups):
         if last not in groups:
             continue

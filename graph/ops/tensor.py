@@ -379,8 +379,7 @@ def _slice_len(size: Dim, start: int, end: int, step: int, i: int) -> Dim:
         if step == 1 and end >= _INT_MAX and start >= 0:
             return dim_add(size, -start)
         return fresh("Slice", i)
-    start, end = slice_bounds(size, start, end, step)
-    return max(0, -(-(end - start) // step)) if step > 0 else max(0, -(-(start - end) // -step))
+    return len(range(*slice_bounds(size, start, end, step), step))
 
 
 def slice_bounds(size: int, start: int, end: int, step: int) -> tuple[int, int]:
