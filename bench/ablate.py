@@ -9,6 +9,9 @@ way of reading a weight for another:
 - `Fusion.prologues` of matmuls: a matmul computes the LayerNorm or RMSNorm of its operand
   (pre-norm layers: GPT-2, LLaMA), each program reading its rows two or three times, instead
   of a launch plus a write and a read of the normalized rows (the row ops' prologues stay);
+- `Fusion.shared`: the same for a post-norm layer's LayerNorm (BERT), which is also the next
+  residual: the first column of the matmul's programs writes the normalized rows too, and the
+  norm's launch goes (two a layer);
 - `Fusion.spans`: attention's scores, softmax and product with V as one flash-attention kernel;
 - `Fusion.pairs`: LLaMA's SiLU(gate) * up in its merged gate and up projection's kernel.
 
@@ -61,6 +64,7 @@ VARIANTS: tuple[tuple[str, bool, Fusion], ...] = (
     ("default", True, Fusion()),
     ("row-major weights", False, Fusion()),
     ("no norm prologues in matmuls", True, Fusion(prologues=frozenset(TEMPLATES) - {"matmul"})),
+    ("no shared norm prologues (post-norm)", True, Fusion(shared=False)),
     ("attention unfused (no spans)", True, Fusion(spans=False)),
     ("no paired parts", True, Fusion(pairs=False)),
 )

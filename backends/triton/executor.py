@@ -23,7 +23,8 @@ Memory, per Triton device:
   group reads its operands and writes its result at one step) and its views, so lifetimes are
   what the kernels really do. The arena is reused by every run: outputs handed back are copies;
 - a kernel writes one result buffer, or one per output of its node (a Split: the template's
-  `results`), each passed in its pointer slot; a padded packed result is filled with its pad
+  `results`), then one per value its group `writes` besides (a shared prologue's result),
+  each passed in its pointer slot; a padded packed result is filled with its pad
   value (zero where the padding is unknown) before the kernel writes, so the kernels write
   logical elements only;
 - a template's `prefill` (a scatter's data) is copied into its result buffer on the device
@@ -123,7 +124,7 @@ def plan_group(graph: Graph, group: Group) -> codegen.KernelPlan:
     source = codegen.module_source(header + body)
     nodes = group.nodes
     return codegen.KernelPlan(
-        name, group.kind, [n.name for n in nodes], source, list(params), template.results(nodes),
+        name, group.kind, [n.name for n in nodes], source, list(params), template.results(nodes) + group.writes,
         grid=lambda cfg: template.grid(graph, nodes, cfg), constexprs=template.constexprs,
         config=launch_config(graph, group))
 

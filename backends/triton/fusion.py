@@ -23,7 +23,10 @@ value's only reader: the chain is then computed on the row in registers before t
 (the sdpa guard's Not(x == -inf) before its any, RMSNorm's square before its mean); the
 group's `head` counts the nodes before its anchor. A matmul computes the norm that gives
 its first operand likewise (a LayerNormalization, or RMSNorm's row group), where that norm's
-result is read by nothing else (pre-norm layers: the norm's kernel and its buffer go). A node
+result is read by nothing else (pre-norm layers: the norm's kernel and its buffer go), or
+where its other readers all come after the matmul (descend from it) and the template can
+write the norm's result too (`Rules.shares`: a post-norm layer's LayerNorm, which the next
+residual Add reads: the norm's kernel goes, its buffer stays; the group's `writes`). A node
 of another kind that alone reads a group's result may end the group instead, writing its
 results (`Rules.ends`: the Split of GPT-2's query, key and value in their matmul's kernel).
 
@@ -45,15 +48,18 @@ the Casts and scales of a half-precision model's queries, keys and values).
 
 A group runs at the place of its last node in the topological order: every operand of every
 member is ready by then, and every result a group does not write is read inside it alone
-(checked).
+(checked). A shared prologue's other readers descend from the matmul, so from the group's
+last node (the only one whose result leaves the group that way): they run after it.
 
-Prologues, spans and paired parts are bets on a GPU's costs; `Fusion` turns each off, for
-bench/ablate.py to measure.
+Prologues (shared or not), spans and paired parts are bets on a GPU's costs; `Fusion` turns
+each off, for bench/ablate.py to measure.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
+
+import networkx as nx
 
 from ...graph.graph import CONSTANT, INPUT, OUTPUT, Graph, Node
 from ...graph.types import Value
@@ -77,7 +83,9 @@ class Rules:
     `ends` whether a node of another kind that alone reads a group's result ends the group;
     `spans` the kind of a kernel that runs a run of groups of the given kinds, each read by the
     next alone, whose nodes are given (None: none does); `absorbs` the nodes outside a group
-    that its kernel computes as it reads its operands (their groups then join it)."""
+    that its kernel computes as it reads its operands (their groups then join it); `shares`
+    whether an anchor of a kind whose kernel computes the group that gives its operand
+    (`takes_prologue`) can also write that group's result, for its readers elsewhere."""
 
     classify: Callable[[Graph, Node], str]
     epilogue_shapes: Callable[[Graph, "Group"], list[tuple[int, ...]]]
@@ -87,6 +95,7 @@ class Rules:
     spans: Callable[[Graph, list[str], list[Node]], "str | None"] = lambda graph, kinds, nodes: None
     absorbs: Callable[[Graph, "Group", Callable[[Node], "Group | None"]], list[Node]] = \
         lambda graph, group, group_of: []
+    shares: Callable[[Graph, str, Node, "Group"], bool] = lambda graph, kind, node, before: False
 
 
 @dataclass(frozen=True)
@@ -100,11 +109,14 @@ class Fusion:
       none.
     - `spans`: a run of groups as one kernel (flash attention).
     - `pairs`: the elementwise nodes that read several results of one kernel, as its epilogue
-      (SwiGLU after LLaMA's merged gate and up projections)."""
+      (SwiGLU after LLaMA's merged gate and up projections).
+    - `shared`: a prologue whose result others read too, the kernel writing it as well (BERT's
+      post-norm LayerNorms, each also the next residual); only where `prologues` allows it."""
 
     prologues: bool | frozenset[str] = True
     spans: bool = True
     pairs: bool = True
+    shared: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.prologues, bool):
@@ -119,17 +131,20 @@ class Fusion:
                 (kinds is True or (kinds is not False and kind in kinds)) and prologue(graph, kind, node, before)),
             spans=rules.spans if self.spans else lambda graph, kinds, nodes: None,
             epilogue_shapes=shapes if self.pairs else
-            lambda graph, group: shapes(graph, group) if len(group.nodes[-1].outputs) == 1 else [])
+            lambda graph, group: shapes(graph, group) if len(group.nodes[-1].outputs) == 1 else [],
+            shares=rules.shares if self.shared else lambda graph, kind, node, before: False)
 
 
 @dataclass
 class Group:
     """Nodes run by one kernel: `kind` names the template ("numpy": the NumPy backend);
-    `head` how many of them (a prologue) come before its anchor."""
+    `head` how many of them (a prologue) come before its anchor; `writes` the results of
+    nodes before its last that its kernel writes too (a shared prologue's)."""
 
     kind: str
     nodes: list[Node]
     head: int = 0
+    writes: list[Value] = field(default_factory=list)
 
     @property
     def anchor(self) -> Node:
@@ -198,6 +213,25 @@ def _operand_group(graph: Graph, node: Node, owner: dict[str, Group], readers: s
     return group if alone and _first_result_only(graph, group.nodes[-1], value) else None  # type: ignore[arg-type]
 
 
+def _shared_operand_group(graph: Graph, node: Node, owner: dict[str, Group]) -> Group | None:
+    """The group (not `node`'s own, writing nothing else) whose last node computes `node`'s
+    first operand, read once by `node` and also by nodes that all descend from `node` (so
+    they run after any kernel that holds `node` and writes that operand); None otherwise."""
+    values = graph.inputs_of(node.name)
+    value = values[0] if values else None
+    group = owner.get(value.node) if value is not None else None
+    if group is None or group is owner.get(node.name) or group.writes or group.nodes[-1].name != value.node:  # type: ignore[union-attr]
+        return None
+    if values.count(value) != 1 or not _first_result_only(graph, group.nodes[-1], value):  # type: ignore[arg-type]
+        return None
+    others = _readers(graph, value) - {node.name}  # type: ignore[arg-type]
+    return group if others and all(nx.has_path(graph.nx, node.name, r) for r in others) else None
+
+
+def _reads(graph: Graph, nodes: list[Node], values: list[Value]) -> bool:
+    return any(v in values for n in nodes for v in graph.inputs_of(n.name))
+
+
 def _merge(graph: Graph, node: Node, group: Group, rules: Rules, owner: dict[str, Group], owed: dict[str, Group]
            ) -> list[Group]:
     """The groups whose result `node`, about to join `group`, reads and that `rules.merges`
@@ -247,6 +281,8 @@ def group_nodes(graph: Graph, rules: Rules, fuse: bool | Fusion = True) -> list[
                 starts = [Value(last.name, k) for k in range(len(last.outputs))] if len(last.outputs) > 1 else [value]
                 region = next(filter(None, (_region(graph, last, starts, shape, is_free, position)  # type: ignore[list-item]
                                             for shape in rules.epilogue_shapes(graph, group))), None)
+                if region is not None and _reads(graph, region, group.writes):
+                    region = None  # the kernel writes that result as it goes: no program may read it back
                 if region is not None:
                     assert region[0] is node, (region[0].name, node.name)
                     owed.update((later.name, group) for later in region[1:])
@@ -264,6 +300,12 @@ def group_nodes(graph: Graph, rules: Rules, fuse: bool | Fusion = True) -> list[
                 joined = before
             elif before is not None and rules.takes_prologue(graph, kind, node, before):
                 joined, before.kind, before.head = before, kind, len(before.nodes)
+            elif before is None:
+                shared = _shared_operand_group(graph, node, owner)
+                if shared is not None and rules.takes_prologue(graph, kind, node, shared) and \
+                        rules.shares(graph, kind, node, shared):
+                    joined, shared.kind, shared.head = shared, kind, len(shared.nodes)
+                    shared.writes = [graph.inputs_of(node.name)[0]]  # type: ignore[list-item]
         if joined is None:
             joined = Group(kind, [])
             groups.append(joined)
@@ -291,6 +333,8 @@ def _span(graph: Graph, groups: list[Group], rules: Rules, owner: dict[str, Grou
                 break
             run.insert(0, before)
         for start in range(len(run) - 1):
+            if any(g.writes for g in run[start:]):
+                continue
             nodes = sorted((n for g in run[start:] for n in g.nodes), key=lambda n: position[n.name])
             kind = rules.spans(graph, [g.kind for g in run[start:]], nodes)
             if kind is None:
@@ -320,11 +364,13 @@ def _absorb(graph: Graph, group: Group, taken: list[Node], groups: list[Group], 
 
 
 def _check_groups(graph: Graph, groups: list[Group]) -> None:
-    """Every result a group computes but does not write (all but its last node's slot 0) is
-    read inside the group alone: it never gets a buffer."""
+    """Every result a group computes but does not write (all but its last node's slot 0 and
+    its `writes`) is read inside the group alone: it never gets a buffer."""
     for group in groups:
         inside = set(group.names)
         for node in group.nodes[:-1]:
             for k in range(len(node.outputs)):
+                if Value(node.name, k) in group.writes:
+                    continue
                 outside = {user for user, _ in graph.users(Value(node.name, k))} - inside
                 assert not outside, f"fusion: {node.name} of a {group.kind} group is read by {sorted(outside)}"

@@ -22,7 +22,10 @@ whose mean and deviation the kernel finds in two passes over k before the produc
 group around a sum over k (RMSNorm: LLaMA, Mistral, Qwen2, Gemma, T5), whose sum takes one
 pass; each block of rows is then computed as it is loaded. The norm's kernel and its result's
 buffer go, for one or two more reads of the rows, which stay in L2 across the programs of a
-row block.
+row block. Where nodes after the product read the norm's result too (a post-norm layer's
+LayerNorm is its next residual: BERT, BART), the kernel also writes it (`shares_prologue`):
+the programs of the first block column store each block of rows they compute; the norm's
+kernel goes, its buffer stays.
 """
 from __future__ import annotations
 
@@ -119,6 +122,23 @@ def takes_prologue(graph: Graph, node: Node, kind: str, nodes: list[Node]) -> bo
                              tuple(graph.type_of(v).shape) == (int(x.shape[-1]),)) for v in values[1:3])
 
 
+def shares_prologue(graph: Graph, node: Node, kind: str, nodes: list[Node]) -> bool:
+    """Whether the kernel of matmul `node` can also write the result of the prologue `nodes`
+    (`takes_prologue`): each of its rows once, which holds where every matrix of the result
+    reads its own matrix of rows (the rows' batch dims are the result's: no broadcast)."""
+    rows = graph.type_of(graph.inputs_of(node.name)[0])  # type: ignore[arg-type]
+    return tuple(rows.shape[:-2]) == tuple(node.outputs[0].shape[:-2])
+
+
+def _written(graph: Graph, nodes: list[Node]) -> list[Value]:
+    """The prologue's result where nodes outside the group read it too (the kernel writes it)."""
+    prologue = _prologue(nodes)
+    if not prologue:
+        return []
+    inside, value = {n.name for n in nodes}, Value(prologue[-1].name)
+    return [value] if any(user not in inside for user, _ in graph.users(value)) else []
+
+
 def _operand_dims(node: Node) -> tuple[tuple[str, str], tuple[str, str]]:
     """Which of m/n/k each matrix dim of A and B is."""
     a = ("k", "m") if node.op == "Gemm" and node.attrs.get("transA", 0) else ("m", "k")
@@ -151,6 +171,9 @@ def tiles(graph: Graph, nodes: list[Node]) -> list[tuple[str, TensorType, int, s
     for k, out in enumerate(nodes[-1].outputs):
         what = f"result ({nodes[-1].name}" + (f", part {k})" if _splits(nodes) else ")")
         found += [(what, out, out.rank - 2, "BLOCK_M"), (what, out, out.rank - 1, "BLOCK_N")]
+    for value in _written(graph, nodes):
+        t, what = graph.type_of(value), f"result ({value.node})"
+        found += [(what, t, t.rank - 2, "BLOCK_M"), (what, t, t.rank - 1, "BLOCK_K")]
     return found
 
 
@@ -269,6 +292,13 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
         loaded = []  # the group's nodes load what they read
     if prologue and operand_t.dtype.name != "float32":  # the norm is float32; the product reads the operand's type
         normalize.append(f"    a = a.to({triton_dtype(operand_t.dtype)})")
+    written = _written(graph, nodes)
+    if written:  # the norm's result, by the first column of blocks
+        where = offset(operand_t, batch + ["rm[:, None]", "rk[None, :]"])
+        slot = len(results(nodes))
+        normalize.append(f"    tl.store(out{slot} + {where}, {store_expr('a', operand_t)}, "
+                         f"mask=({_bounds(a_loop, a_dims, s)}) & (pid_n == 0))  # {graph.value_name(written[0])}: "
+                         f"{operand_t}")
     accs = ["acc"] if count == 1 else [f"acc{j}" for j in range(count)]
     columns = ["rn[None, :]"] + [f"(rn[None, :] + {j * s['n']})" for j in range(1, count)]
     precision = ", input_precision=PRECISION" if b_t.dtype.name == "float32" else ""
@@ -307,7 +337,7 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
     else:
         lines += split.part_stores(graph, parts, batch + [M_IDX, N_IDX], var, narrow=True)
     source = jit_function(fn_name, len(params), lines, ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "PRECISION"),
-                          results=len(results(nodes)))
+                          results=len(results(nodes)) + len(written))
     return source, params
 
 

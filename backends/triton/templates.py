@@ -8,7 +8,8 @@ computed at compile time ("static"): no kernel at all.
 
 A kernel writes one result, slot 0 of its group's last node, except where its template's
 `results` names more (a Split writes every output slot: split.py; a TopK its values and
-indices: reduce.py). A template's `prefill`
+indices: reduce.py), and then what its group `writes` besides (fusion.Group: the result of a
+prologue that others read too, a post-norm LayerNorm's). A template's `prefill`
 names an operand the executor copies into that result before each launch, for a kernel that
 only changes some of its elements (a scatter: scatter.py).
 """
@@ -60,6 +61,11 @@ class Template:
     """Whether the kernel of this anchor computes the group (of `kind`, these `nodes`) that gives
     its first operand, where it would load it (the group's kernel and its result's buffer go):
     a row op the chain of elementwise nodes before it, a matmul the layer norm before it."""
+    shares: Callable[[Graph, Node, str, Nodes], bool] = lambda graph, anchor, kind, nodes: False
+    """Whether the kernel of this anchor, computing the group that gives its first operand (a
+    `prologue`), can also write that group's result, which nodes after the anchor read (a
+    post-norm layer's LayerNorm, also its next residual): the group's kernel goes, its
+    result's buffer stays."""
     absorbs: Callable[[Graph, Nodes, Callable[[Node], Any]], Nodes] = lambda graph, nodes, group_of: []
     """The nodes outside a group of these `nodes` (in the groups `group_of` gives) that its
     kernel computes itself as it reads its operands (attention: GQA's Expand of K and V, and
@@ -122,7 +128,7 @@ TEMPLATES: dict[str, Template] = {
         "matmul", matmul.supports, matmul.kernel, matmul.grid, matmul.constexprs, matmul.defaults,
         keys=frozenset({"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "input_precision"}),
         tiles=matmul.tiles, results=matmul.results, epilogue=_always, ends=matmul.takes_split,
-        prologue=matmul.takes_prologue, pairs=matmul.pairs),
+        prologue=matmul.takes_prologue, pairs=matmul.pairs, shares=matmul.shares_prologue),
     "conv": Template(
         "conv", conv.supports, conv.kernel, conv.grid, conv.constexprs, conv.defaults,
         keys=frozenset({"BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "input_precision"}),
@@ -232,6 +238,13 @@ def takes_prologue(graph: Graph, kind: str, node: Node, before: Any) -> bool:
     that gives its first operand in that kernel: its template's rule."""
     template = TEMPLATES.get(kind)
     return template is not None and template.prologue(graph, node, before.kind, before.nodes)
+
+
+def shares(graph: Graph, kind: str, node: Node, before: Any) -> bool:
+    """Whether `node`'s kernel of `kind`, computing the group `before` (a fusion.Group) that
+    gives its first operand, can also write that group's result: its template's rule."""
+    template = TEMPLATES.get(kind)
+    return template is not None and template.shares(graph, node, before.kind, before.nodes)
 
 
 def merges(graph: Graph, inner: Any, outer: Any, value: Value, reader: Node) -> bool:

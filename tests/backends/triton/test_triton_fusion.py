@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 from tilefold.backends.triton.executor import kernel_plans, kernel_sources
+from tilefold.backends.triton.launch import set_launch, verify_launch
 from tilefold.graph import Graph
+from tilefold.graph.errors import VerifyError
 from tilefold.graph.types import TensorType, Value
 from tilefold.layout.encoding import PackedEncoding
 
@@ -458,6 +460,112 @@ def test_a_layer_norm_read_elsewhere_or_over_more_dims_stays_a_kernel(kit):
     g.add_output(kit.add(g, "MatMul", [normed, g.add_constant(rng.standard_normal((8, 5)).astype(F32), name="w")],
                          name="mm"), "y")
     assert _kernels(g) == [["norm"], ["mm"]]
+
+
+def _post_norm(kit, g: Graph, x: Value, rng: np.random.Generator, k: int, rms: bool, dtype: type = F32
+               ) -> tuple[Value, list[str]]:
+    """A post-norm layer's feed-forward half (BERT): h = norm(x); h + W2 gelu(W1 h + b1), the
+    norm's result read by the first product and, two products later, by the residual Add.
+    Returns the output and the norm's nodes."""
+    if rms:
+        normed = _rms_norm(kit, g, x, rng.uniform(0.5, 1.5, k).astype(dtype))
+        norm = ["rms_square", "rms_mean", "rms_eps_add", "rms_root", "rms_rstd", "rms_normed", "rms_scaled"]
+        y = kit.add(g, "MatMul", [normed, g.add_constant(rng.standard_normal((k, 24)).astype(dtype), name="w")],
+                    name="mm")
+        y = kit.add(g, "Add", [y, g.add_constant(rng.standard_normal(24).astype(dtype), name="b")], name="bias")
+        y = kit.add(g, "Gelu", [y], name="gelu")
+    else:
+        y, norm, normed = _normed_product(kit, g, x, rng, k, 24, dtype=dtype), ["norm"], Value("norm")
+    y = kit.add(g, "MatMul", [y, g.add_constant((rng.standard_normal((24, k)) * 0.2).astype(dtype), name="w2")],
+                name="mm2")
+    return kit.add(g, "Add", [y, normed], name="residual"), norm
+
+
+@pytest.mark.parametrize("k, rms", [(37, False), (64, False), (19, True)])
+def test_a_post_norm_is_the_next_matmul_s_prologue_and_that_kernel_also_writes_it(kit, device, k, rms):
+    """BERT's post-norm: the norm's result feeds the next Linear layer and is the residual two
+    products later. The first product computes the norm (the norm's kernel goes), and the
+    programs of its first block column write each block of rows they normalize, which the
+    residual Add reads (a k no block divides, several blocks of k; RMSNorm's row group too)."""
+    rng = np.random.default_rng(k)
+    g = Graph("post_norm")
+    x = g.add_input("x", TensorType((2, 19, k), F32))
+    y, norm = _post_norm(kit, g, x, rng, k, rms)
+    g.add_output(y, "y")
+    plans = kernel_plans(g)
+    assert [p.nodes for p in plans] == [[*norm, "mm", "bias", "gelu"], ["mm2", "residual"]]
+    assert plans[0].outputs == [Value("gelu"), Value(norm[-1])]
+    feed = rng.standard_normal((2, 19, k)).astype(F32)
+    feed[1, 5:9] += 1000.0
+    _check(kit, g, {"x": feed}, device, rtol=1e-4, atol=1e-4)
+
+
+def test_a_post_norm_prologue_in_float16_writes_the_rows_in_float16(kit, device):
+    rng = np.random.default_rng(9)
+    g = Graph("half_post_norm")
+    x = g.add_input("x", TensorType((6, 40), np.float16))
+    y, _ = _post_norm(kit, g, x, rng, 40, rms=False, dtype=np.float16)
+    g.add_output(y, "y")
+    assert len(kernel_plans(g)) == 2
+    got, want = kit.run_both(g, {"x": rng.standard_normal((6, 40)).astype(np.float16)}, device)
+    assert got["y"].dtype == np.float16
+    np.testing.assert_allclose(got["y"].astype(F32), want["y"].astype(F32), rtol=2e-2, atol=2e-2)
+
+
+def test_a_post_norm_in_tiles_is_written_in_its_tiles_by_blocks_that_cover_them(kit, device):
+    """The written norm is a result of the product's kernel: a block of k (the norm's columns)
+    must cover whole tiles of it, as a block of n must of the product's own result."""
+    rng = np.random.default_rng(4)
+    g = Graph("tiled_post_norm")
+    x = g.add_input("x", TensorType((40, 64), F32))
+    tiles = PackedEncoding((0, 1), (16, 32), pad=0.0)
+    norm = kit.add(g, "LayerNormalization", [x, g.add_constant(rng.uniform(0.5, 1.5, 64).astype(F32), name="gamma")],
+                   {"axis": -1, "epsilon": 1e-5}, encoding=tiles, name="norm")
+    y = kit.add(g, "MatMul", [norm, g.add_constant(rng.standard_normal((64, 24)).astype(F32), name="w")], name="mm")
+    y = kit.add(g, "MatMul", [y, g.add_constant((rng.standard_normal((24, 64)) * 0.2).astype(F32), name="w2")],
+                name="mm2")
+    g.add_output(kit.add(g, "Add", [y, norm], name="residual"), "y")
+    assert _kernels(g) == [["norm", "mm"], ["mm2", "residual"]]
+    _check(kit, g, {"x": rng.standard_normal((40, 64)).astype(F32)}, device, rtol=1e-4, atol=1e-4)
+    set_launch(g, "mm", BLOCK_K=16)
+    with pytest.raises(VerifyError, match=r"node 'mm'.*BLOCK_K=16 does not cover whole tiles of result \(norm\)"):
+        verify_launch(g)
+
+
+def test_a_norm_is_not_shared_with_a_reader_beside_its_matmul_or_in_that_matmul_s_epilogue(kit, device):
+    """A reader that need not come after the product (a second projection of the same norm)
+    could run before the kernel that writes the norm: the norm stays a kernel. A reader that
+    joins the product's epilogue would read rows other programs are still writing: it runs
+    after the kernel instead."""
+    rng = np.random.default_rng(6)
+    g = Graph("two_projections")
+    x = g.add_input("x", TensorType((4, 24), F32))
+    normed = kit.add(g, "LayerNormalization", [x, g.add_constant(rng.uniform(0.5, 1.5, 24).astype(F32), name="gamma")],
+                     {"axis": -1, "epsilon": 1e-5}, name="norm")
+    q = kit.add(g, "MatMul", [normed, g.add_constant(rng.standard_normal((24, 8)).astype(F32), name="wq")], name="q")
+    k = kit.add(g, "MatMul", [normed, g.add_constant(rng.standard_normal((24, 8)).astype(F32), name="wk")], name="k")
+    g.add_output(kit.add(g, "Mul", [q, k], name="product"), "y")
+    assert _kernels(g)[0] == ["norm"] and len(_kernels(g)) == 3
+    _check(kit, g, {"x": rng.standard_normal((4, 24)).astype(F32)}, device, rtol=1e-4, atol=1e-4)
+    g = Graph("own_residual")
+    x = g.add_input("x", TensorType((4, 24), F32))
+    normed = kit.add(g, "LayerNormalization", [x, g.add_constant(rng.uniform(0.5, 1.5, 24).astype(F32), name="gamma")],
+                     {"axis": -1, "epsilon": 1e-5}, name="norm")
+    y = kit.add(g, "MatMul", [normed, g.add_constant(rng.standard_normal((24, 24)).astype(F32), name="w")], name="mm")
+    g.add_output(kit.add(g, "Add", [y, normed], name="residual"), "y")
+    assert _kernels(g) == [["norm", "mm"], ["residual"]]
+    _check(kit, g, {"x": rng.standard_normal((4, 24)).astype(F32)}, device, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("off", [{"shared": False}, {"prologues": False}])
+def test_a_post_norm_prologue_is_a_fusion_that_can_be_turned_off(kit, off):
+    from tilefold.backends.triton import Fusion
+
+    rng = np.random.default_rng(2)
+    g = Graph("post_norm")
+    g.add_output(_post_norm(kit, g, g.add_input("x", TensorType((2, 5, 24), F32)), rng, 24, rms=False)[0], "y")
+    assert [p.nodes for p in kernel_plans(g, fuse=Fusion(**off))] == \
+        [["norm"], ["mm", "bias", "gelu"], ["mm2", "residual"]]
 
 
 def test_a_layer_norm_prologue_in_float16_rounds_the_normalized_rows_as_the_norm_would(kit, device):

@@ -41,13 +41,17 @@ def test_model_matches_onnxruntime(kit, device, name, optimized):
 def test_a_transformer_layer_computes_query_key_and_value_in_one_kernel(kit, device):
     """On the gpu target the three projections of one activation are one product, whose kernel
     stores the three parts (merge_projections, then the matmul's Split), and the attention is
-    one kernel from Q K^T to P V; the layer still matches onnxruntime."""
+    one kernel from Q K^T to P V; the post-norm LayerNorm between attention and feed-forward
+    is computed by the first feed-forward product, which also writes it for the residual. The
+    layer still matches onnxruntime."""
     model, shape = _models(kit)["transformer"]
     g = tilefold.optimize(tilefold.load(model), "gpu").graph
     kernels = [[g.node(n).op for n in names] for names, _ in kernel_sources(g)]
     assert kernels.count(["MatMul", "Add", "Split"]) == 1
     assert kernels.count(["MatMul", "Mul", "Softmax", "MatMul"]) == 1
-    assert sum(ops[0] == "MatMul" for ops in kernels) == 5  # QKV, attention, out, 2 FFN
+    assert kernels.count(["LayerNormalization", "MatMul", "Add", "Gelu"]) == 1
+    assert sum("MatMul" in ops for ops in kernels) == 5  # QKV, attention, out, 2 FFN
+    assert len(kernels) == 6  # and the output's LayerNorm
     x = np.random.default_rng(12).standard_normal(shape).astype(np.float32)
     name = model.graph.input[0].name
     kit.assert_close(TritonExecutable(g, device=device)({name: x}), kit.ort_outputs(model, {name: x}),
