@@ -39,8 +39,8 @@ down as it can go, since its consumers come later in the order):
    copy (on the CPU: matmul operands and results whose matrices are row- or column-major).
 
 The mapping through a signature: a permutation of outer dims maps through any op; a tiled
-dim never through a window dim (but for ops whose kernels index windows logically, LRN, and
-a window read at one index and dropped, a Gather of a scalar),
+dim never through a window dim (but for ops whose kernels index windows logically, LRN and
+Gather, and a window read at one index and dropped, a Gather of a scalar),
 through a parallel dim whose sizes differ between operands
 (Concat, Split, Slice, Pad along it) only when every size is whole tiles, and through a
 reduction dim only when the padding is neutral for it (Softmax and LayerNormalization need

@@ -2,9 +2,11 @@
 ScatterND, OneHot, NonZero, Trilu, EyeLike, Shape, Size, ConstantOfShape and Range.
 
 Only Gather with a 1-D or scalar index has an iteration signature: it moves elements along
-its axis (a window dim, never tiled; dropped for a scalar index) and leaves every other dim
-as it is, so that a layout with those dims permuted or tiled passes through it (torch's
-nearest upsampling, index_select, one channel of a channels-last attention map). The
+its axis (a window dim, dropped for a scalar index) and leaves every other dim as it is, so
+that a layout with those dims permuted or tiled passes through it (torch's nearest
+upsampling, index_select, one channel of a channels-last attention map). Its kernels read
+each index logically, so its axis may be tiled too where data and result hold whole tiles
+along it (`tiled_windows`: rotary's rotate_half as a Gather of the tiled head dim). The
 others have none (Trilu's and EyeLike's masks depend on positions, the other gathers and the
 scatters read and write data-dependent positions, the rest make new tensors), so layout
 stops at them.
@@ -51,7 +53,7 @@ def _gather_signature(attrs, types, outs, consts=None):
 
 
 register(OpDef("Gather", infer=_gather_infer, signature=_gather_signature, layout="sensitive",
-               min_inputs=2, max_inputs=2, defaults={"axis": 0},
+               tiled_windows=True, min_inputs=2, max_inputs=2, defaults={"axis": 0},
                doc="numpy.take along axis: data[:axis] + indices.shape + data[axis+1:]."))
 
 

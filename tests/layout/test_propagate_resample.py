@@ -1,8 +1,10 @@
 """Layouts pass through resampling (Resize, and Gather along one axis, torch's nearest
 upsampling) when the axes it moves are untiled: a U-Net's upsampling then runs on the conv
 layouts (NHWC on the cpu target, NCHWc16 on the gpu target) with no runtime layout op. An
-axis that is resampled stops a tile along it; every optimized graph computes what the plain
-graph computes, and its padding holds what its encodings record."""
+axis that Resize resamples stops a tile along it; a Gather, whose kernels read each index
+logically, keeps it where data and result hold whole tiles along its axis (rotary's
+rotate_half). Every optimized graph computes what the plain graph computes, and its padding
+holds what its encodings record."""
 import numpy as np
 import pytest
 from onnx import helper
@@ -70,3 +72,54 @@ def test_one_channel_of_an_attention_map_is_read_in_place(target):
     assert runtime_layout_ops(after) == []
     gathers = [n for n in after.nodes() if n.op == "Gather"]
     assert len(gathers) == 2 and all(after.type_of(after.inputs_of(n.name)[0]).encoding is not None for n in gathers)
+
+
+def _rotary(indices: np.ndarray, width: int = 64) -> object:
+    """A product's rows rotated as rotary embedding rotates a head: y = h * cos + g(h) * sin,
+    g a Gather of h's columns by `indices` (rotate_half's permutation, its sign in `sin`),
+    then another product; the gpu target tiles both products' operands 16 x 16."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w0"], ["h"]),
+        helper.make_node("Gather", ["h", "turn"], ["g"], axis=1),
+        helper.make_node("Mul", ["h", "cos"], ["a"]),
+        helper.make_node("Mul", ["g", "sin"], ["b"]),
+        helper.make_node("Add", ["a", "b"], ["r"]),
+        helper.make_node("MatMul", ["r", "w1"], ["y"]),
+    ]
+    weights = {"w0": RNG.standard_normal((width, width)).astype(np.float32),
+               "turn": indices.astype(np.int64),
+               "cos": RNG.standard_normal((32, width)).astype(np.float32),
+               "sin": RNG.standard_normal((32, width)).astype(np.float32),
+               "w1": RNG.standard_normal((width, 16)).astype(np.float32)}
+    return model(nodes, [("x", [32, width])], ["y"], weights)
+
+
+@pytest.mark.parametrize("indices, moves", [
+    (np.r_[32:64, 0:32], "whole tiles"),
+    (np.arange(63, -1, -1), "elements within tiles"),
+    (np.r_[-32:0, 0:32], "whole tiles, counted from the end"),
+])
+def test_a_gather_along_a_tiled_axis_reads_the_tiles_it_is_given(indices, moves):
+    """rotate_half of a 64-wide head, whose columns the gpu target tiles by 16: the Gather
+    reads the product's tiles and writes its own (its kernels read each index logically, so
+    a permutation within tiles is as good as one of whole tiles), and no runtime layout op is
+    left between the two products."""
+    after = check(_rotary(indices), target="gpu", shape=(32, 64))
+    assert runtime_layout_ops(after) == [], moves
+    gather = next(n for n in after.nodes() if n.op == "Gather")
+    assert gather.outputs[0].encoding.tiles() == {0: 16, 1: 16}
+    assert after.type_of(after.inputs_of(gather.name)[0]).encoding.tiles() == {0: 16, 1: 16}
+
+
+def test_a_gather_that_changes_its_axis_to_part_of_a_tile_stops_the_tiles():
+    """40 columns of 64: the result's axis is not whole tiles, so the tiles stop before it."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "w0"], ["h"]),
+        helper.make_node("Gather", ["h", "some"], ["g"], axis=1),
+        helper.make_node("MatMul", ["g", "w1"], ["y"]),
+    ]
+    weights = {"w0": RNG.standard_normal((64, 64)).astype(np.float32), "some": np.r_[0:20, 40:60].astype(np.int64),
+               "w1": RNG.standard_normal((40, 16)).astype(np.float32)}
+    after = check(model(nodes, [("x", [32, 64])], ["y"], weights), target="gpu", shape=(32, 64))
+    gather = next(n for n in after.nodes() if n.op == "Gather")
+    assert after.type_of(after.inputs_of(gather.name)[0]).encoding is None

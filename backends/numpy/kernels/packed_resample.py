@@ -2,10 +2,11 @@
 
 Both move elements along some axes (Resize's resampled axes, Gather's axis) and leave every
 other axis as it is; their signatures make the moving axes window dims, which layout
-propagation never tiles. In such a buffer each moving axis is one buffer axis, so the plain
-computation runs on the buffer itself with each logical axis mapped to its buffer axis, and
-its result is already in the result's layout: an NHWC upsampling reads and writes NHWC, with
-no transposed copy.
+propagation tiles only for Gather (whose kernels read each index logically; a tiled axis
+then takes the unpacked path, packed.py). Where no tile splits them, each moving axis is
+one buffer axis, so the plain computation runs on the buffer itself with each logical axis
+mapped to its buffer axis, and its result is already in the result's layout: an NHWC
+upsampling reads and writes NHWC, with no transposed copy.
 """
 from __future__ import annotations
 

@@ -250,20 +250,40 @@ def test_a_llama_layer_runs_rotary_and_grouped_attention_in_few_kernels(kit):
     _assert_llama_matches_eager(TritonExecutable(graph, device="interp"), model, ids, mask)
 
 
-def _llama_layer():
-    """One LLaMA layer (GQA, rotary, SwiGLU, RMSNorm), its inputs (one row padded) and its
-    gpu-optimized graph."""
+def _llama_layer(hidden: int = 32, heads: int = 4):
+    """One LLaMA layer (GQA: half as many key and value heads, rotary, SwiGLU, RMSNorm), its
+    inputs (one row padded) and its gpu-optimized graph."""
     import torch
     import transformers
 
     config = transformers.LlamaConfig(
-        hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, intermediate_size=64,
-        vocab_size=50, pad_token_id=1, bos_token_id=0, eos_token_id=2, attn_implementation="sdpa", use_cache=False)
+        hidden_size=hidden, num_hidden_layers=1, num_attention_heads=heads, num_key_value_heads=heads // 2,
+        intermediate_size=2 * hidden, vocab_size=50, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+        attn_implementation="sdpa", use_cache=False)
     model = transformers.LlamaModel(config).eval()
     ids = torch.from_numpy(np.random.default_rng(16).integers(3, 50, (2, 16)))
     mask = torch.ones(2, 16, dtype=torch.long)
     mask[1, 12:] = 0
     return model, ids, mask, tilefold.optimize(tilefold.from_torch(model, (ids, mask)), "gpu").graph
+
+
+def test_a_llama_layer_with_heads_of_whole_tiles_rotates_them_in_their_tiles(kit):
+    """64-wide heads, which the gpu target tiles by 16 as the projection writes them: rotary's
+    rotate_half (a Gather of the head dim) reads and writes those tiles, so the layer keeps
+    no runtime layout op (an Unpack before each Gather, and one after each rotary product,
+    before this), and runs the seven kernels of a layer with untiled heads (norm and
+    projections, two rotary products, attention, output projection, norm and SwiGLU, down
+    projection), each rotary product one kernel."""
+    model, ids, mask, graph = _llama_layer(hidden=128, heads=4)
+    assert [n.name for n in graph.nodes() if n.op in ("Pack", "Unpack") and
+            graph.node(graph.inputs_of(n.name)[0].node).op != CONSTANT] == []
+    gathers = [n for n in graph.nodes() if n.op == "Gather" and n.outputs[0].rank == 4]
+    assert len(gathers) == 2 and all(n.outputs[0].encoding.tiles()[3] == 16 for n in gathers)
+    plans = kernel_plans(graph)
+    layer = [plan for plan in plans if plan.kind in ("matmul", "attention") or
+             any(graph.node(n).op == "Gather" for n in plan.nodes) and plan.kind == "chain"]
+    assert len(layer) == 7
+    _assert_llama_matches_eager(TritonExecutable(graph, device="interp"), model, ids, mask)
 
 
 def _assert_llama_matches_eager(exe, model, ids, mask):
