@@ -12,7 +12,12 @@ only reader; a diamond is more: the safe softmax's Where(IsNaN(s), 0, s), SiLU's
 x * sigmoid(x), GPT-2's tanh GELU, which reads x three times. The region's other nodes then
 join the same group when their turn comes (`owed`). After a group that writes several results
 (a Split's parts), a region starts from all of them, where the template pairs them
-(templates.epilogue_shapes: LLaMA's SiLU(gate) * up after its gate and up projections). A
+(templates.epilogue_shapes: LLaMA's SiLU(gate) * up after its gate and up projections), or
+from one of them whose region reads nothing else but constants, where the template runs an
+epilogue on one part (`Rules.part_epilogue`: the GELU of a parallel block's MLP part, whose
+projection is merged with the attention's); the other parts are then the group's `writes`,
+and it runs at the place of the Split (`at`), where its operands are ready and before any
+reader of its results. A
 template may let an epilogue widen to another shape (templates.epilogue_shapes): a reduction
 that keeps its dims goes on from its one value per row to the row (RMSNorm's
 x * rsqrt(mean(x * x) + eps)).
@@ -46,9 +51,9 @@ also takes the groups of the nodes its kernel computes as it reads its operands,
 hold nothing else (`Rules.absorbs`: GQA's Expand of the keys and values, and the views between;
 the Casts and scales of a half-precision model's queries, keys and values).
 
-A group runs at the place of its last node in the topological order: every operand of every
-member is ready by then, and every result a group does not write is read inside it alone
-(checked). A shared prologue's other readers descend from the matmul, so from the group's
+A group runs at the place of its last node in the topological order (or `at`, see above):
+every operand of every member is ready by then, and every result a group does not write is
+read inside it alone (checked). A shared prologue's other readers descend from the matmul, so from the group's
 last node (the only one whose result leaves the group that way): they run after it.
 
 Prologues (shared or not), spans and paired parts are bets on a GPU's costs; `Fusion` turns
@@ -85,7 +90,9 @@ class Rules:
     next alone, whose nodes are given (None: none does); `absorbs` the nodes outside a group
     that its kernel computes as it reads its operands (their groups then join it); `shares`
     whether an anchor of a kind whose kernel computes the group that gives its operand
-    (`takes_prologue`) can also write that group's result, for its readers elsewhere."""
+    (`takes_prologue`) can also write that group's result, for its readers elsewhere;
+    `part_epilogue` whether elementwise nodes that read one of the several results of a
+    group's kernel may run in it, the other results stored as they are."""
 
     classify: Callable[[Graph, Node], str]
     epilogue_shapes: Callable[[Graph, "Group"], list[tuple[int, ...]]]
@@ -96,6 +103,7 @@ class Rules:
     absorbs: Callable[[Graph, "Group", Callable[[Node], "Group | None"]], list[Node]] = \
         lambda graph, group, group_of: []
     shares: Callable[[Graph, str, Node, "Group"], bool] = lambda graph, kind, node, before: False
+    part_epilogue: Callable[[Graph, "Group"], bool] = lambda graph, group: False
 
 
 @dataclass(frozen=True)
@@ -139,12 +147,15 @@ class Fusion:
 class Group:
     """Nodes run by one kernel: `kind` names the template ("numpy": the NumPy backend);
     `head` how many of them (a prologue) come before its anchor; `writes` the results of
-    nodes before its last that its kernel writes too (a shared prologue's)."""
+    nodes before its last that its kernel writes too (a shared prologue's, the parts of a
+    Split beside the one its epilogue reads); `at` the node at whose place in the
+    topological order it runs, where not its last (that Split)."""
 
     kind: str
     nodes: list[Node]
     head: int = 0
     writes: list[Value] = field(default_factory=list)
+    at: str | None = None
 
     @property
     def anchor(self) -> Node:
@@ -169,15 +180,16 @@ def _readers(graph: Graph, value: Value) -> set[str]:
 
 
 def _region(graph: Graph, producer: Node, values: list[Value], shape: tuple[int, ...], is_free: Callable[[Node], bool],
-            position: dict[str, int]) -> list[Node] | None:
+            position: dict[str, int], part: bool = False) -> list[Node] | None:
     """The nodes from `value`'s readers to the first one every path from `producer` passes
     through, in topological order, where all are free chain nodes (`is_free`) of `shape`
     and each but the last is read inside the region alone; None otherwise (a reader that is a
-    graph output, an anchor, another shape, or more than REGION_LIMIT nodes).
+    graph output, an anchor, another shape, or more than REGION_LIMIT nodes). One value is
+    the producer's only result read, unless it is a `part` (the others are written).
 
     Walked in topological order: `pending` holds the readers of the region's results not yet
     in it; the node whose turn leaves nothing pending closes the region."""
-    if len(values) == 1 and not _first_result_only(graph, producer, values[0]):
+    if len(values) == 1 and not part and not _first_result_only(graph, producer, values[0]):
         return None
     region: list[Node] = []
     pending = set().union(*(_readers(graph, value) for value in values))
@@ -232,6 +244,23 @@ def _reads(graph: Graph, nodes: list[Node], values: list[Value]) -> bool:
     return any(v in values for n in nodes for v in graph.inputs_of(n.name))
 
 
+def _closed(graph: Graph, region: list[Node], value: Value) -> bool:
+    """Whether the region's nodes read nothing but `value`, each other's results and constants."""
+    inside = {n.name for n in region}
+    return all(v is None or v == value or v.node in inside or graph.node(v.node).op == CONSTANT
+               for n in region for v in graph.inputs_of(n.name))
+
+
+def _part_region(graph: Graph, group: Group, value: Value, is_free: Callable[[Node], bool],
+                 position: dict[str, int]) -> list[Node] | None:
+    """The region of elementwise nodes after part `value` of the group's last node (a Split)
+    that reads nothing but that part, its own results and constants (so the group's operands
+    are ready at the Split's place); None otherwise."""
+    last = group.nodes[-1]
+    region = _region(graph, last, [value], tuple(last.outputs[value.slot].shape), is_free, position, part=True)
+    return region if region is not None and _closed(graph, region, value) else None
+
+
 def _merge(graph: Graph, node: Node, group: Group, rules: Rules, owner: dict[str, Group], owed: dict[str, Group]
            ) -> list[Group]:
     """The groups whose result `node`, about to join `group`, reads and that `rules.merges`
@@ -283,6 +312,13 @@ def group_nodes(graph: Graph, rules: Rules, fuse: bool | Fusion = True) -> list[
                                             for shape in rules.epilogue_shapes(graph, group))), None)
                 if region is not None and _reads(graph, region, group.writes):
                     region = None  # the kernel writes that result as it goes: no program may read it back
+                if region is not None and group.at is not None and not _closed(graph, region, value):
+                    region = None  # it runs at its Split's place, where only that much is ready
+                if region is None and len(last.outputs) > 1 and rules.part_epilogue(graph, group):
+                    region = _part_region(graph, group, value, is_free, position)
+                    if region is not None:
+                        group.writes += [Value(last.name, k) for k in range(len(last.outputs)) if k != value.slot]
+                        group.at = last.name
                 if region is not None:
                     assert region[0] is node, (region[0].name, node.name)
                     owed.update((later.name, group) for later in region[1:])
@@ -314,7 +350,7 @@ def group_nodes(graph: Graph, rules: Rules, fuse: bool | Fusion = True) -> list[
     if fuse:
         _span(graph, groups, rules, owner, position)
     _check_groups(graph, groups)
-    return sorted(groups, key=lambda g: position[g.nodes[-1].name])
+    return sorted(groups, key=lambda g: position[g.at or g.nodes[-1].name])
 
 
 def _span(graph: Graph, groups: list[Group], rules: Rules, owner: dict[str, Group], position: dict[str, int]) -> None:

@@ -21,7 +21,8 @@ from ...graph.errors import VerifyError, where
 from ...graph.graph import Graph, Node
 from ...layout.targets import TARGETS, GpuTarget
 from .fusion import Fusion, Group, Rules, group_nodes
-from .templates import TEMPLATES, absorbs, classify, ends, epilogue_shapes, merges, shares, spans, takes_prologue
+from .templates import (TEMPLATES, absorbs, classify, ends, epilogue_shapes, merges, part_epilogue, shares, spans,
+                        takes_prologue)
 
 
 DOT_KINDS = ("matmul", "conv", "attention")
@@ -85,8 +86,8 @@ def check(graph: Graph, group: Group, chosen: dict[str, Any]) -> None:
 
 
 def kernel_groups(graph: Graph, fuse: bool | Fusion = True) -> list[Group]:
-    return group_nodes(graph, Rules(classify, epilogue_shapes, takes_prologue, merges, ends, spans, absorbs, shares),
-                       fuse)
+    rules = Rules(classify, epilogue_shapes, takes_prologue, merges, ends, spans, absorbs, shares, part_epilogue)
+    return group_nodes(graph, rules, fuse)
 
 
 def verify_launch(graph: Graph, fuse: bool | Fusion = True) -> None:

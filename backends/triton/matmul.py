@@ -14,7 +14,10 @@ elementwise nodes read every part of a Split into equal column parts at one inde
 SiLU(gate) * up of its merged gate and up projections: `pairs`), the kernel holds each
 part's columns of a block in an accumulator of its own (one tl.dot per part on the rows it
 loads once), runs the nodes before the Split once per part at that part's columns, then the
-nodes after it, and stores only their result.
+nodes after it, and stores only their result. Where elementwise nodes read one column part
+alone (a parallel block's GELU of its MLP part, that projection merged with the attention's:
+Phi, GPT-NeoX, Falcon; `part_epilogue`), the kernel stores the other parts as they are and
+computes those nodes on that part's columns of the block, storing their result instead.
 
 A norm of the rows that only this product reads (a pre-norm transformer's first Linear
 layers) is a prologue (`takes_prologue`): a LayerNormalization (GPT-2, ViT, CLIP, ConvNeXt),
@@ -174,6 +177,9 @@ def tiles(graph: Graph, nodes: list[Node]) -> list[tuple[str, TensorType, int, s
     for value in _written(graph, nodes):
         t, what = graph.type_of(value), f"result ({value.node})"
         found += [(what, t, t.rank - 2, "BLOCK_M"), (what, t, t.rank - 1, "BLOCK_K")]
+    for value in _part_writes(graph, nodes):
+        t, what = graph.type_of(value), f"result ({value.node}, part {value.slot})"
+        found += [(what, t, t.rank - 2, "BLOCK_M"), (what, t, t.rank - 1, "BLOCK_N")]
     return found
 
 
@@ -181,11 +187,42 @@ def _splits(nodes: list[Node]) -> bool:
     return len(nodes) > 1 and nodes[-1].op == "Split"
 
 
-def _paired(nodes: list[Node]) -> tuple[Node, int] | None:
+def _inner_split(nodes: list[Node]) -> Node | None:
+    return next((n for n in nodes[:-1] if n.op == "Split"), None)
+
+
+def _one_part(graph: Graph, nodes: list[Node]) -> tuple[Node, int] | None:
+    """The Split inside the group one of whose parts alone the nodes after it read (that
+    part's epilogue: `part_epilogue`), and that part; None otherwise."""
+    found = _inner_split(nodes)
+    if found is None:
+        return None
+    read = {v.slot for n in nodes[nodes.index(found) + 1:] for v in graph.inputs_of(n.name)
+            if v is not None and v.node == found.name}
+    return (found, read.pop()) if len(read) == 1 and len(found.outputs) > 1 else None
+
+
+def _paired(graph: Graph, nodes: list[Node]) -> tuple[Node, int] | None:
     """The Split inside the group whose parts the nodes after it read side by side, and their
     count (`pairs`), or None."""
-    found = [n for n in nodes[:-1] if n.op == "Split"]
-    return (found[0], len(found[0].outputs)) if found else None
+    found = _inner_split(nodes)
+    return (found, len(found.outputs)) if found is not None and _one_part(graph, nodes) is None else None
+
+
+def part_epilogue(graph: Graph, nodes: list[Node]) -> bool:
+    """Whether elementwise nodes after a product whose Split cuts its columns may read one
+    part alone, as that part's epilogue: the kernel computes them on the part's columns of
+    each block and stores their result instead of the part."""
+    if not _splits(nodes):
+        return False
+    rank = nodes[-1].outputs[0].rank
+    return int(nodes[-1].attrs.get("axis", 0)) % rank == rank - 1
+
+
+def _part_writes(graph: Graph, nodes: list[Node]) -> list[Value]:
+    """The parts of a Split with a part's epilogue (`_one_part`) that the kernel writes as they are."""
+    part = _one_part(graph, nodes)
+    return [] if part is None else [Value(part[0].name, k) for k in range(len(part[0].outputs)) if k != part[1]]
 
 
 def pairs(graph: Graph, nodes: list[Node]) -> bool:
@@ -204,7 +241,7 @@ def _group_sizes(graph: Graph, nodes: list[Node]) -> dict[str, int]:
     """The anchor's m and k, and the columns n of one part of the kernel's result: the
     product's, or one part's where the kernel holds its Split's parts side by side."""
     s = sizes(graph, anchor(nodes))
-    paired = _paired(nodes)
+    paired = _paired(graph, nodes)
     return {**s, "n": s["n"] // paired[1]} if paired else s
 
 
@@ -262,7 +299,7 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
         values = [_rows(graph, prologue), *values[1:]]
     a_t, b_t = graph.type_of(values[0]), graph.type_of(values[1])  # type: ignore[arg-type]
     out = node.outputs[0]
-    paired = _paired(nodes)
+    paired = _paired(graph, nodes)
     count = paired[1] if paired else 1
     s = _group_sizes(graph, nodes)
     batch_shape, batch = _batch(out)
@@ -327,18 +364,44 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
     load = Loader(graph, batch + [M_IDX, N_IDX], [*batch_shape, s["m"], s["n"]], "mask", params, blocks=[M_IDX, N_IDX])
     lines += _gemm_epilogue(graph, node, values, load)
     parts = nodes[-1] if _splits(nodes) else None
+    part = _one_part(graph, nodes)
+    if part is not None:  # the nodes through the Split here, those after it on its one part
+        parts, tail, after = part[0], after[after.index(part[0]) + 1:], after[:after.index(part[0]) + 1]
     body, var = emit_chain(graph, after[:-1] if parts else after, load, env)
     lines += body
     var = var or "acc"
-    if parts is None:
+    if part is not None:
+        lines += _part_lines(graph, part, tail, batch, [*batch_shape, s["m"]], var, params,
+                             len(results(nodes)) + len(written))
+    elif parts is None:
         final = nodes[-1].outputs[0]
         where = offset(final, batch + [M_IDX, N_IDX])
         lines.append(f"tl.store(out0 + {where}, {store_expr(var, final)}, mask=mask)  # {final}")
     else:
         lines += split.part_stores(graph, parts, batch + [M_IDX, N_IDX], var, narrow=True)
     source = jit_function(fn_name, len(params), lines, ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "PRECISION"),
-                          results=len(results(nodes)) + len(written))
+                          results=len(results(nodes)) + len(written) + len(_part_writes(graph, nodes)))
     return source, params
+
+
+def _part_lines(graph: Graph, part: tuple[Node, int], tail: list[Node], batch: list[str], rows: list[int],
+                var: str, params: list[Value], first: int) -> list[str]:
+    """The stores of a Split one part of which the `tail` nodes read alone (`_one_part`): each
+    other part of `var` as it is (pointers `first` on, in order), then the tail computed on
+    that part's columns of the block (its constants indexed by the part's own columns), its
+    result stored as the kernel's first (`out0`). `rows`: the result's dims before its columns."""
+    node, j = part
+    widths = split.sizes(graph, node) or []
+    slots: list[int | None] = [None if k == j else first + k - (k > j) for k in range(len(node.outputs))]
+    lines = split.part_stores(graph, node, batch + [M_IDX, N_IDX], var, narrow=True, slots=slots)
+    low, width = sum(widths[:j]), widths[j]
+    cols = f"(rn[None, :] - {low})"
+    lines.append(f"pmask = mask & (rn[None, :] >= {low}) & (rn[None, :] < {low + width})")
+    load = Loader(graph, batch + [M_IDX, cols], [*rows, width], "pmask", params, blocks=[M_IDX, cols], prefix="q")
+    body, out = emit_chain(graph, tail, load, {Value(node.name, j): var}, prefix="e")
+    final = tail[-1].outputs[0]
+    return lines + body + [f"tl.store(out0 + {offset(final, batch + [M_IDX, cols])}, {store_expr(out or var, final)}, "
+                           f"mask=pmask)  # {final}"]
 
 
 def _norm_lines(graph: Graph, norm: Node, a_load: str, k: int, params: list[Value]) -> tuple[list[str], list[str]]:

@@ -86,21 +86,24 @@ def kernel(graph: Graph, nodes: list[Node], fn_name: str) -> tuple[str, list[Val
     return source, [value]
 
 
-def part_stores(graph: Graph, node: Node, index: list[str], var: str, narrow: bool = False) -> list[str]:
+def part_stores(graph: Graph, node: Node, index: list[str], var: str, narrow: bool = False,
+                slots: list[int | None] | None = None) -> list[str]:
     """One masked `tl.store` per part of Split `node` of `var`, the operand's elements at
     logical `index`: those inside the part's range along the axis, at their index in the part
-    minus its start, through the part's encoding (`out0, out1, ...`); `narrow`: `var` is float32
-    registers, converted to each part's dtype (a matmul's accumulator)."""
+    minus its start, through the part's encoding (`out0, out1, ...`, or `out{slots[k]}`, none
+    for a part whose slot is None); `narrow`: `var` is float32 registers, converted to each
+    part's dtype (a matmul's accumulator)."""
     axis = _axis(graph, node)
     parts = sizes(graph, node) or []
     lines, low = [], 0
     for k, (out, size) in enumerate(zip(node.outputs, parts)):
-        if size:
+        slot = k if slots is None else slots[k]
+        if size and slot is not None:
             at = [f"{i} - {low}" if d == axis and low else i for d, i in enumerate(index)]
             inside = ([f"({index[axis]} >= {low})"] if low else []) + \
                 ([f"({index[axis]} < {low + size})"] if low + size < sum(parts) else [])
             value = store_expr(var, out) if narrow else var
-            lines.append(f"tl.store(out{k} + {offset(out, at)}, {value}, mask={' & '.join(['mask', *inside])})  "
+            lines.append(f"tl.store(out{slot} + {offset(out, at)}, {value}, mask={' & '.join(['mask', *inside])})  "
                          f"# {graph.value_name(Value(node.name, k))}: {out}")
         low += size
     return lines

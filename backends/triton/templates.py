@@ -74,6 +74,11 @@ class Template:
     """Whether elementwise nodes after a kernel of these `nodes` that writes several results
     (a Split's parts) may read them all at one index, in registers (a matmul's equal column
     parts: LLaMA's SiLU(gate) * up)."""
+    part_epilogue: Callable[[Graph, Nodes], bool] = lambda graph, nodes: False
+    """Whether elementwise nodes that read one of the several results of a kernel of these
+    `nodes` (a Split's parts) may run in it as that part's epilogue, the other results stored
+    as they are (a parallel block's MLP part, its projection merged with the attention's:
+    the GELU of Phi, GPT-NeoX, Falcon)."""
     spans: Callable[[Graph, list[str], Nodes], bool] = lambda graph, kinds, nodes: False
     """Whether one kernel of this template runs a run of groups of `kinds`, each read by the
     next alone, whose nodes are `nodes` (attention: the scores' matmul, the softmax, the
@@ -128,7 +133,8 @@ TEMPLATES: dict[str, Template] = {
         "matmul", matmul.supports, matmul.kernel, matmul.grid, matmul.constexprs, matmul.defaults,
         keys=frozenset({"BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "input_precision"}),
         tiles=matmul.tiles, results=matmul.results, epilogue=_always, ends=matmul.takes_split,
-        prologue=matmul.takes_prologue, pairs=matmul.pairs, shares=matmul.shares_prologue),
+        prologue=matmul.takes_prologue, pairs=matmul.pairs, shares=matmul.shares_prologue,
+        part_epilogue=matmul.part_epilogue),
     "conv": Template(
         "conv", conv.supports, conv.kernel, conv.grid, conv.constexprs, conv.defaults,
         keys=frozenset({"BLOCK_M", "BLOCK_N", "BLOCK_K", "num_warps", "num_stages", "input_precision"}),
@@ -245,6 +251,13 @@ def shares(graph: Graph, kind: str, node: Node, before: Any) -> bool:
     gives its first operand, can also write that group's result: its template's rule."""
     template = TEMPLATES.get(kind)
     return template is not None and template.shares(graph, node, before.kind, before.nodes)
+
+
+def part_epilogue(graph: Graph, group: Any) -> bool:
+    """Whether elementwise nodes reading one result of `group`'s kernel (a fusion.Group that
+    writes several) may run in it: its template's rule."""
+    template = TEMPLATES.get(group.kind)
+    return template is not None and template.part_epilogue(graph, group.nodes)
 
 
 def merges(graph: Graph, inner: Any, outer: Any, value: Value, reader: Node) -> bool:

@@ -6,6 +6,7 @@ logically, keeps it where data and result hold whole tiles along its axis (rotar
 rotate_half). Every optimized graph computes what the plain graph computes, and its padding
 holds what its encodings record."""
 import numpy as np
+import onnx
 import pytest
 from onnx import helper
 
@@ -74,7 +75,7 @@ def test_one_channel_of_an_attention_map_is_read_in_place(target):
     assert len(gathers) == 2 and all(after.type_of(after.inputs_of(n.name)[0]).encoding is not None for n in gathers)
 
 
-def _rotary(indices: np.ndarray, width: int = 64) -> object:
+def _rotary(indices: np.ndarray, width: int = 64) -> onnx.ModelProto:
     """A product's rows rotated as rotary embedding rotates a head: y = h * cos + g(h) * sin,
     g a Gather of h's columns by `indices` (rotate_half's permutation, its sign in `sin`),
     then another product; the gpu target tiles both products' operands 16 x 16."""

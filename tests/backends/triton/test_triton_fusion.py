@@ -357,7 +357,8 @@ def test_two_heads_in_one_chain_kernel_keep_their_own_values(kit, device):
 def test_a_split_of_a_matmul_s_result_ends_its_kernel(kit, device, axis, sizes, packed_parts):
     """GPT-2's query, key and value: the matmul's kernel stores each part of the Split, along
     its columns or its rows, at its index in the part and through the part's encoding (16x16
-    tiles or plain), from a 16x16-tiled result that is never written."""
+    tiles or plain), from a 16x16-tiled result that is never written (where the first of
+    column parts is unpacked for the output, the kernel does that as its epilogue)."""
     rng = np.random.default_rng(20)
     tiles = PackedEncoding((0, 1), (16, 16), pad=0.0)
     m, n = (7, sum(sizes)) if axis == 1 else (sum(sizes), 24)
@@ -374,13 +375,13 @@ def test_a_split_of_a_matmul_s_result_ends_its_kernel(kit, device, axis, sizes, 
         node.outputs[k] = TensorType(part.shape, part.dtype, tiles if packed_parts else None)
         out = Value("parts", k)
         g.add_output(kit.add(g, "Unpack", [out], name=f"unpack{k}") if packed_parts else out, f"y{k}")
-    assert _kernels(g)[0] == ["mm", "bias_add", "parts"]
+    assert _kernels(g)[0] == ["mm", "bias_add", "parts"] + (["unpack0"] if packed_parts and axis == 1 else [])
     _check(kit, g, {"x": rng.standard_normal((m, 10)).astype(F32)}, device)
 
 
 def test_a_split_of_a_batch_dim_or_after_a_split_is_not_in_the_matmul_s_kernel(kit, device):
-    """Only rows or columns split in the matmul's kernel; and a kernel that writes several
-    results of unequal sizes takes no epilogue (the Relu reads the one part that is read)."""
+    """Only rows or columns split in the matmul's kernel; a node reading one column part alone
+    (the Relu of the one part that is read) is that part's epilogue, the other part written."""
     rng = np.random.default_rng(21)
     g = Graph("batch_split")
     y = kit.add(g, "MatMul", [g.add_input("x", TensorType((4, 5, 6), F32)),
@@ -392,7 +393,7 @@ def test_a_split_of_a_batch_dim_or_after_a_split_is_not_in_the_matmul_s_kernel(k
     kit.add(g, "Split", [columns, g.add_constant(np.array([1, 3], np.int64), name="half_sizes")], {"axis": -1},
             name="halves")
     g.add_output(kit.add(g, "Relu", [Value("halves", 0)], name="relu"), "relu")  # the other part unread
-    assert _kernels(g) == [["mm"], ["parts"], ["mm2", "halves"], ["relu"]]
+    assert _kernels(g) == [["mm"], ["parts"], ["mm2", "halves", "relu"]]
     _check(kit, g, {"x": rng.standard_normal((4, 5, 6)).astype(F32)}, device)
 
 
@@ -631,6 +632,67 @@ def test_a_reduction_over_another_dim_or_read_elsewhere_is_not_a_matmul_prologue
     g.add_output(kit.add(g, "MatMul", [centered, g.add_constant(rng.standard_normal((16, 8)).astype(F32), name="w")],
                          name="mm"), "y")
     assert [k[-1] for k in _kernels(g)] == ["centered", "mm"]
+
+
+def _merged_projection(kit, g: Graph, rng: np.random.Generator, widths: tuple[int, ...]) -> None:
+    """A product and its bias cut into column parts `parts` (a parallel block's attention and
+    MLP projections, merged)."""
+    w = g.add_constant(rng.standard_normal((24, sum(widths))).astype(F32), name="w")
+    y = kit.add(g, "MatMul", [g.add_input("x", TensorType((2, 9, 24), F32)), w], name="mm")
+    y = kit.add(g, "Add", [y, g.add_constant(rng.standard_normal(sum(widths)).astype(F32), name="b")], name="bias")
+    kit.add(g, "Split", [y, g.add_constant(np.array(widths, np.int64), name="sizes")], {"axis": -1}, name="parts")
+
+
+@pytest.mark.parametrize("widths, tiles", [((20, 36), False), ((32, 48), True), ((20, 36, 12), False)])
+def test_an_activation_of_one_column_part_is_that_part_s_epilogue(kit, device, widths, tiles):
+    """Phi's, GPT-NeoX's and Falcon's parallel blocks: the MLP's first projection merged with
+    the attention's, its GELU reading that part alone. The kernel stores the other parts as
+    they are and the GELU of its part's columns (its constants read at the part's own
+    columns), not the part: one kernel, one write of the widest activation (in tiles, for the
+    next product, too)."""
+    rng = np.random.default_rng(len(widths) + tiles)
+    g = Graph("parallel_block")
+    _merged_projection(kit, g, rng, widths)
+    last = len(widths) - 1 if len(widths) == 2 else 1
+    y = kit.add(g, "Mul", [Value("parts", last), g.add_constant(rng.uniform(0.5, 1.5, widths[last]).astype(F32),
+                                                                name="scale")], name="scaled")
+    y = kit.add(g, "Gelu", [y], {"approximate": "tanh"}, name="gelu",
+                encoding=PackedEncoding((1, 2), (16, 16)) if tiles else None)
+    if tiles:  # read in its tiles by the next product
+        y = kit.add(g, "MatMul", [y, g.add_constant(rng.standard_normal((widths[last], 8)).astype(F32), name="w2")],
+                    name="mm2")
+    g.add_output(y, "mlp")
+    for k in range(len(widths)):
+        if k != last:
+            g.add_output(Value("parts", k), f"part{k}")
+    plans = kernel_plans(g)
+    assert [p.nodes for p in plans] == [["mm", "bias", "parts", "scaled", "gelu"]] + ([["mm2"]] if tiles else [])
+    assert plans[0].outputs == [Value("gelu")] + [Value("parts", k) for k in range(len(widths)) if k != last]
+    _check(kit, g, {"x": rng.standard_normal((2, 9, 24)).astype(F32)}, device, rtol=1e-4, atol=1e-5)
+
+
+def test_a_part_s_epilogue_runs_where_the_parts_are_ready(kit, device):
+    """The kernel that computes a part's epilogue writes the other parts too, so it runs at the
+    Split's place: a product reading another part, before the epilogue's nodes in the order,
+    reads it written. Nodes reading another operand than the part and constants are no such
+    epilogue (their operand might not be ready there), nor a second part's activation."""
+    rng = np.random.default_rng(3)
+    g = Graph("read_first")
+    _merged_projection(kit, g, rng, (20, 36))
+    attn = kit.add(g, "MatMul", [Value("parts", 0), g.add_constant(rng.standard_normal((20, 8)).astype(F32), name="wa")],
+                   name="attention")
+    g.add_output(attn, "attention")
+    g.add_output(kit.add(g, "Gelu", [Value("parts", 1)], name="gelu"), "mlp")
+    assert [p.nodes for p in kernel_plans(g)] == [["mm", "bias", "parts", "gelu"], ["attention"]]
+    _check(kit, g, {"x": rng.standard_normal((2, 9, 24)).astype(F32)}, device, rtol=1e-4, atol=1e-5)
+    g = Graph("reads_more")
+    _merged_projection(kit, g, rng, (20, 36))
+    other = g.add_input("z", TensorType((2, 9, 36), F32))
+    g.add_output(kit.add(g, "Mul", [Value("parts", 1), other], name="gated"), "mlp")
+    g.add_output(kit.add(g, "Relu", [Value("parts", 0)], name="relu"), "attention")
+    assert [p.nodes for p in kernel_plans(g)] == [["mm", "bias", "parts", "relu"], ["gated"]]
+    _check(kit, g, {"x": rng.standard_normal((2, 9, 24)).astype(F32), "z": rng.standard_normal((2, 9, 36)).astype(F32)},
+           device, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("parts, packed", [(2, False), (2, True), (3, False)])
