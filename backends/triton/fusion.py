@@ -53,8 +53,9 @@ the Casts and scales of a half-precision model's queries, keys and values).
 
 A group runs at the place of its last node in the topological order (or `at`, see above):
 every operand of every member is ready by then, and every result a group does not write is
-read inside it alone (checked). A shared prologue's other readers descend from the matmul, so from the group's
-last node (the only one whose result leaves the group that way): they run after it.
+read inside it alone (checked). A shared prologue's other readers descend from the matmul,
+so from the group's last node (the only one whose result leaves the group that way): they
+run after it.
 
 Prologues (shared or not), spans and paired parts are bets on a GPU's costs; `Fusion` turns
 each off, for bench/ablate.py to measure.
@@ -251,14 +252,8 @@ def _closed(graph: Graph, region: list[Node], value: Value) -> bool:
                for n in region for v in graph.inputs_of(n.name))
 
 
-def _part_region(graph: Graph, group: Group, value: Value, is_free: Callable[[Node], bool],
-                 position: dict[str, int]) -> list[Node] | None:
-    """The region of elementwise nodes after part `value` of the group's last node (a Split)
-    that reads nothing but that part, its own results and constants (so the group's operands
-    are ready at the Split's place); None otherwise."""
-    last = group.nodes[-1]
-    region = _region(graph, last, [value], tuple(last.outputs[value.slot].shape), is_free, position, part=True)
-    return region if region is not None and _closed(graph, region, value) else None
+def _parts_read(graph: Graph, region: list[Node], producer: Node) -> set[int]:
+    return {v.slot for n in region for v in graph.inputs_of(n.name) if v is not None and v.node == producer.name}
 
 
 def _merge(graph: Graph, node: Node, group: Group, rules: Rules, owner: dict[str, Group], owed: dict[str, Group]
@@ -310,13 +305,18 @@ def group_nodes(graph: Graph, rules: Rules, fuse: bool | Fusion = True) -> list[
                 starts = [Value(last.name, k) for k in range(len(last.outputs))] if len(last.outputs) > 1 else [value]
                 region = next(filter(None, (_region(graph, last, starts, shape, is_free, position)  # type: ignore[list-item]
                                             for shape in rules.epilogue_shapes(graph, group))), None)
+                one_part = len(last.outputs) > 1 and rules.part_epilogue(graph, group)
+                if region is None and one_part:
+                    region = _region(graph, last, [value], tuple(last.outputs[value.slot].shape), is_free, position,
+                                     part=True)
                 if region is not None and _reads(graph, region, group.writes):
                     region = None  # the kernel writes that result as it goes: no program may read it back
                 if region is not None and group.at is not None and not _closed(graph, region, value):
                     region = None  # it runs at its Split's place, where only that much is ready
-                if region is None and len(last.outputs) > 1 and rules.part_epilogue(graph, group):
-                    region = _part_region(graph, group, value, is_free, position)
-                    if region is not None:
+                if region is not None and one_part and _parts_read(graph, region, last) == {value.slot}:
+                    if not _closed(graph, region, value):
+                        region = None
+                    else:  # one part's epilogue: the other parts written, the kernel run at the Split's place
                         group.writes += [Value(last.name, k) for k in range(len(last.outputs)) if k != value.slot]
                         group.at = last.name
                 if region is not None:
