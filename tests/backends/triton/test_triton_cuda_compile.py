@@ -271,8 +271,10 @@ def _upcast_attention(kit) -> Graph:
 
 
 def _normed_products(kit) -> Graph:
-    """Layer norms computed by the matmuls that read them (pre-norm layers), and SiLU(gate) * up
-    of one product's two column halves, float32 and float16."""
+    """Layer norms computed by the matmuls that read them (pre-norm layers; a post-norm one,
+    which the kernel also writes for a residual), SiLU(gate) * up of one product's two column
+    halves, and the GELU of one column part of another (a parallel block), float32 and
+    float16."""
     g = Graph("normed_products")
     rng = np.random.default_rng(6)
     for dtype in (np.float32, np.float16):
@@ -290,6 +292,16 @@ def _normed_products(kit) -> Graph:
         gate, up = Value(halves.name, 0), Value(halves.name, 1)
         silu = kit.add(g, "Mul", [gate, kit.add(g, "Sigmoid", [gate])])
         g.add_output(kit.add(g, "Mul", [silu, up]), f"swiglu_{name}")
+        post = kit.add(g, "LayerNormalization", [x, g.add_constant(rng.uniform(0.5, 1.5, 72).astype(dtype),
+                                                                   name=f"gamma_post_{name}")], {"axis": -1})
+        h = kit.add(g, "MatMul", [post, g.add_constant(rng.standard_normal((72, 48)).astype(dtype), name=f"w1_{name}")])
+        h = kit.add(g, "MatMul", [h, g.add_constant(rng.standard_normal((48, 72)).astype(dtype), name=f"w2_{name}")])
+        g.add_output(kit.add(g, "Add", [h, post]), f"post_{name}")
+        merged = kit.add(g, "MatMul", [x, g.add_constant(rng.standard_normal((72, 80)).astype(dtype), name=f"wm_{name}")])
+        parts = g.add_node("Split", [merged, g.add_constant(np.array([16, 64], np.int64), name=f"parts_{name}")],
+                           [TensorType((3, 20, 16), dtype), TensorType((3, 20, 64), dtype)], {"axis": -1})
+        g.add_output(Value(parts.name, 0), f"attention_{name}")
+        g.add_output(kit.add(g, "Gelu", [Value(parts.name, 1)]), f"mlp_{name}")
     return g
 
 
