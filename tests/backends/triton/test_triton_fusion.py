@@ -635,8 +635,8 @@ def test_a_reduction_over_another_dim_or_read_elsewhere_is_not_a_matmul_prologue
 
 
 def _merged_projection(kit, g: Graph, rng: np.random.Generator, widths: tuple[int, ...]) -> None:
-    """A product and its bias cut into column parts `parts` (a parallel block's attention and
-    MLP projections, merged)."""
+    """A product and its bias cut into column parts of `widths` by the Split "parts" (a parallel
+    block's attention and MLP projections, merged)."""
     w = g.add_constant(rng.standard_normal((24, sum(widths))).astype(F32), name="w")
     y = kit.add(g, "MatMul", [g.add_input("x", TensorType((2, 9, 24), F32)), w], name="mm")
     y = kit.add(g, "Add", [y, g.add_constant(rng.standard_normal(sum(widths)).astype(F32), name="b")], name="bias")
@@ -676,8 +676,8 @@ def test_an_activation_of_one_column_part_is_that_part_s_epilogue(kit, device, w
 def test_a_part_s_epilogue_runs_where_the_parts_are_ready(kit, device):
     """The kernel that computes a part's epilogue writes the other parts too, so it runs at the
     Split's place: a product reading another part, before the epilogue's nodes in the order,
-    reads it written. Nodes reading another operand than the part and constants are no such
-    epilogue (their operand might not be ready there), nor a second part's activation."""
+    reads it written. Nodes reading another operand than the part and constants (a graph
+    input) are no such epilogue: their operand might not be ready there."""
     rng = np.random.default_rng(3)
     g = Graph("read_first")
     _merged_projection(kit, g, rng, (20, 36))
