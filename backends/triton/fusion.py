@@ -305,6 +305,7 @@ def group_nodes(graph: Graph, rules: Rules, fuse: bool | Fusion = True) -> list[
                 starts = [Value(last.name, k) for k in range(len(last.outputs))] if len(last.outputs) > 1 else [value]
                 region = next(filter(None, (_region(graph, last, starts, shape, is_free, position)  # type: ignore[list-item]
                                             for shape in rules.epilogue_shapes(graph, group))), None)
+                paired = region is not None and len(last.outputs) > 1
                 one_part = len(last.outputs) > 1 and rules.part_epilogue(graph, group)
                 if region is None and one_part:
                     region = _region(graph, last, [value], tuple(last.outputs[value.slot].shape), is_free, position,
@@ -313,12 +314,13 @@ def group_nodes(graph: Graph, rules: Rules, fuse: bool | Fusion = True) -> list[
                     region = None  # the kernel writes that result as it goes: no program may read it back
                 if region is not None and group.at is not None and not _closed(graph, region, value):
                     region = None  # it runs at its Split's place, where only that much is ready
-                if region is not None and one_part and _parts_read(graph, region, last) == {value.slot}:
-                    if not _closed(graph, region, value):
-                        region = None
-                    else:  # one part's epilogue: the other parts written, the kernel run at the Split's place
+                if region is not None and one_part:
+                    alone = _parts_read(graph, region, last) == {value.slot}
+                    if alone and _closed(graph, region, value):  # the other parts written, run at the Split's place
                         group.writes += [Value(last.name, k) for k in range(len(last.outputs)) if k != value.slot]
                         group.at = last.name
+                    elif alone or not paired:
+                        region = None  # one part's needs only it ready; several parts' the template's pairing
                 if region is not None:
                     assert region[0] is node, (region[0].name, node.name)
                     owed.update((later.name, group) for later in region[1:])

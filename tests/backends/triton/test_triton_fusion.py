@@ -673,6 +673,19 @@ def test_an_activation_of_one_column_part_is_that_part_s_epilogue(kit, device, w
     _check(kit, g, {"x": rng.standard_normal((2, 9, 24)).astype(F32)}, device, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("widths", [(19, 1), (20, 20, 16)])
+def test_nodes_reading_parts_that_do_not_pair_are_no_part_s_epilogue(kit, device, widths):
+    """A Mul of two column parts, one of width 1 that broadcasts, or two of three unequal ones:
+    neither one part's epilogue (it reads more than its part) nor a pair (the parts differ),
+    so it runs after the kernel that stores the parts."""
+    rng = np.random.default_rng(len(widths))
+    g = Graph("unpaired")
+    _merged_projection(kit, g, rng, widths)
+    g.add_output(kit.add(g, "Mul", [Value("parts", 0), Value("parts", 1)], name="gated"), "y")
+    assert [p.nodes for p in kernel_plans(g)] == [["mm", "bias", "parts"], ["gated"]]
+    _check(kit, g, {"x": rng.standard_normal((2, 9, 24)).astype(F32)}, device, rtol=1e-4, atol=1e-5)
+
+
 def test_a_part_s_epilogue_runs_where_the_parts_are_ready(kit, device):
     """The kernel that computes a part's epilogue writes the other parts too, so it runs at the
     Split's place: a product reading another part, before the epilogue's nodes in the order,
