@@ -232,13 +232,13 @@ def _shared_operand_group(graph: Graph, node: Node, owner: dict[str, Group]) -> 
     they run after any kernel that holds `node` and writes that operand); None otherwise."""
     values = graph.inputs_of(node.name)
     value = values[0] if values else None
-    group = owner.get(value.node) if value is not None else None
-    if group is None or group is owner.get(node.name) or group.writes or group.nodes[-1].name != value.node:  # type: ignore[union-attr]
+    if value is None or values.count(value) != 1:
         return None
-    if values.count(value) != 1 or not _first_result_only(graph, group.nodes[-1], value):  # type: ignore[arg-type]
+    others = _readers(graph, value) - {node.name}
+    group = _operand_group(graph, node, owner, others | {node.name})
+    if group is None or group.writes or not others:
         return None
-    others = _readers(graph, value) - {node.name}  # type: ignore[arg-type]
-    return group if others and all(nx.has_path(graph.nx, node.name, r) for r in others) else None
+    return group if all(nx.has_path(graph.nx, node.name, r) for r in others) else None
 
 
 def _reads(graph: Graph, nodes: list[Node], values: list[Value]) -> bool:
